@@ -1,0 +1,290 @@
+"""The ``streamrag`` command: a thin shell over the library.
+
+Examples::
+
+    streamrag demo                                  # sample corpus, MiniLM, http://127.0.0.1:8000
+    streamrag run config.yaml                       # the job a config file describes
+    streamrag run config.yaml --once                # replay the input as a bounded batch, then exit
+    streamrag serve --set source.path=docs/ --port 8080
+    streamrag query "how do I rotate the database password?" -k 3
+    streamrag status
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from streamrag.config import Settings, load_settings
+from streamrag.errors import StreamragError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="streamrag",
+    help="Keep a retrieval index fresh over live change streams, and query it over HTTP.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+out = Console()
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a setting: --set batcher.max_delay_ms=50 (repeatable)."),
+]
+HostOption = Annotated[str | None, typer.Option(help="Address to serve on (serve.host).")]
+PortOption = Annotated[int | None, typer.Option(help="Port to serve on (serve.port).")]
+UrlOption = Annotated[str, typer.Option("--url", help="Where a streamrag server listens.")]
+
+
+def _settings(
+    config: Path | None, sets: list[str] | None, host: str | None, port: int | None
+) -> Settings:
+    overrides: dict[str, Any] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            msg = f"--set {item!r}: expected KEY=VALUE, such as --set batcher.max_delay_ms=50"
+            raise typer.BadParameter(msg)
+        overrides[key.strip()] = value
+    if host is not None:
+        overrides["serve.host"] = host
+    if port is not None:
+        overrides["serve.port"] = port
+    return load_settings(config, overrides=overrides, environ=os.environ)
+
+
+def _live(settings: Settings, *, banner: bool) -> None:
+    """Start ingesting, show progress until caught up, then serve until Ctrl-C."""
+    from streamrag.runtime.service import Service
+    from streamrag.serve.server import serve_forever
+
+    console.print(f"[bold]streamrag[/] loading embedder [cyan]{settings.embedder.class_}[/] …")
+    service = Service(settings)
+    service.start()
+    try:
+        _progress(service)
+    except KeyboardInterrupt:
+        console.print("stopping …")
+        service.stop()
+        return
+    host, port = settings.serve.host, settings.serve.port
+    if banner:
+        _banner(service, host, port)
+    serve_forever(service, host=host, port=port)
+    st = service.status().body
+    console.print(
+        f"stopped at epoch {st['epoch']}: {st['counts']['applied']} changes applied, "
+        f"{st['counts']['dead_lettered']} dead-lettered"
+    )
+
+
+def _progress(service: Any) -> None:
+    pipeline = service.pipeline
+    total = max(1, pipeline.reader.backlog_bytes())
+    with Progress(
+        TextColumn("[bold]ingesting[/]"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("ingest", total=total, info="")
+        while True:
+            backlog = pipeline.reader.backlog_bytes()
+            st = pipeline.stats
+            progress.update(
+                task,
+                completed=max(0, total - backlog),
+                total=max(total, total - backlog),
+                info=f"{st.applied} applied · {st.dead_lettered} dead-lettered · "
+                f"epoch {service.index.epoch}",
+            )
+            if pipeline.caught_up and st.ingested:
+                progress.update(task, completed=total)
+                break
+            if service.runner.last_error and not service.runner.running:
+                break
+            time.sleep(0.1)
+
+
+def _banner(service: Any, host: str, port: int) -> None:
+    url = f"http://{host}:{port}"
+    st = service.status().body
+    console.print(
+        f"\n[bold green]streamrag is serving[/] {url}  ·  epoch {st['epoch']}  ·  "
+        f"{st['index']['live_docs']} documents  ·  {st['counts']['dead_lettered']} dead letters "
+        f"in {st['dead_letter_path']}"
+    )
+    console.print(f"Tailing [cyan]{service.settings.source.path}[/]: append JSON lines to it.")
+    console.print("Try:\n")
+    out.print(
+        f"  curl -s {url}/v1/retrieve -H 'content-type: application/json' \\\n"
+        '    -d \'{"query": "how do I rotate the database password?", "k": 3}\'\n',
+        highlight=False,
+        soft_wrap=True,
+    )
+    out.print(
+        f"  curl -s {url}/v1/retrieve -H 'content-type: application/json' \\\n"
+        '    -d \'{"query": "VPN keeps disconnecting", "k": 3, '
+        '"filters": {"domain": "it-support"}}\'\n',
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"Status: curl -s {url}/v1/status   ·   Ctrl-C stops.\n")
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the demo keeps its input and state.")] = Path(
+        ".streamrag-demo"
+    ),
+    embedder: Annotated[str, typer.Option(help="'minilm' (default) or 'hashing'.")] = "minilm",
+    reset: Annotated[bool, typer.Option(help="Start again from the bundled corpus.")] = False,
+    host: HostOption = None,
+    port: PortOption = None,
+) -> None:
+    """Stream the bundled sample corpus into an index and serve it.
+
+    Example: streamrag demo --port 8000
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    corpus = workdir / "changes.jsonl"
+    if reset or not corpus.exists():
+        with resources.as_file(resources.files("streamrag") / "data" / "sample_changes.jsonl") as f:
+            shutil.copyfile(f, corpus)
+    overrides: dict[str, Any] = {
+        "source.path": str(corpus),
+        "state_dir": str(workdir / "state"),
+        "embedder.class": embedder,
+    }
+    if host is not None:
+        overrides["serve.host"] = host
+    if port is not None:
+        overrides["serve.port"] = port
+    _guard(lambda: _live(load_settings(overrides=overrides, environ=os.environ), banner=True))
+
+
+@app.command()
+def run(
+    config: Annotated[Path, typer.Argument(help="YAML config file.")],
+    once: Annotated[
+        bool, typer.Option(help="Replay the input as a bounded batch, print a summary, exit.")
+    ] = False,
+    sets: SetOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+) -> None:
+    """Run the job described by CONFIG: ingest its source and serve the API.
+
+    Example: streamrag run config.yaml --set batcher.max_delay_ms=50
+    """
+
+    def go() -> None:
+        settings = _settings(config, sets, host, port)
+        if once:
+            from streamrag.runtime.service import Service
+
+            service = Service(settings)
+            service.pipeline.run_until_caught_up(final=True)
+            service.pipeline.close()
+            out.print_json(json.dumps(service.status().body))
+        else:
+            _live(settings, banner=True)
+
+    _guard(go)
+
+
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option(help="YAML config file (optional).")] = None,
+    sets: SetOption = None,
+    host: HostOption = None,
+    port: PortOption = None,
+) -> None:
+    """Serve the HTTP API over a live index of the configured source (defaults if no config).
+
+    Example: streamrag serve --set source.path=changes/ --port 8080
+    """
+    _guard(lambda: _live(_settings(config, sets, host, port), banner=False))
+
+
+@app.command()
+def query(
+    text: Annotated[str, typer.Argument(help="The question or keywords.")],
+    k: Annotated[int, typer.Option("-k", help="How many chunks.")] = 5,
+    domain: Annotated[str | None, typer.Option(help="Only this domain.")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant to search.")] = "default",
+    url: UrlOption = DEFAULT_URL,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Ask a running server for the chunks closest to TEXT.
+
+    Example: streamrag query "rotate the database password" -k 3
+    """
+    body: dict[str, Any] = {"query": text, "k": k, "filters": {"tenant": tenant}}
+    if domain:
+        body["filters"]["domain"] = domain
+    data = _http("POST", f"{url}/v1/retrieve", body)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    table = Table(title=f"epoch {data['epoch']} · {data['took_ms']} ms")
+    for col in ("score", "doc_id", "domain", "event_time", "text"):
+        table.add_column(col)
+    for r in data["results"]:
+        snippet = r["text"].replace("\n", " ")
+        table.add_row(f"{r['score']:.3f}", r["doc_id"], r["domain"], r["event_time"], snippet[:90])
+    out.print(table)
+
+
+@app.command()
+def status(url: UrlOption = DEFAULT_URL) -> None:
+    """Show a running server's epoch, watermark, counts, lag and freshness.
+
+    Example: streamrag status --url http://127.0.0.1:8000
+    """
+    out.print_json(json.dumps(_http("GET", f"{url}/v1/status", None)))
+
+
+def _http(method: str, url: str, body: Any) -> Any:
+    try:
+        resp = httpx.request(method, url, json=body, timeout=30)
+    except httpx.TransportError as exc:
+        console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
+        raise typer.Exit(2) from None
+    if resp.status_code >= 400:
+        console.print(f"[red]error {resp.status_code}:[/] {resp.text}")
+        raise typer.Exit(1)
+    return resp.json()
+
+
+def _guard(fn: Any) -> None:
+    try:
+        fn()
+    except StreamragError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def main() -> None:
+    """Entry point of the ``streamrag`` command."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app(prog_name="streamrag")

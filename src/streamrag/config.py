@@ -1,0 +1,271 @@
+"""Configuration: one typed, frozen object, validated once.
+
+Settings come from four layers; a later layer wins over an earlier one:
+
+1. defaults (the values below),
+2. a YAML file (``streamrag run config.yaml``),
+3. ``STREAMRAG_*`` environment variables — nested keys joined by ``__``, so
+   ``STREAMRAG_BATCHER__MAX_DELAY_MS=50`` sets ``batcher.max_delay_ms``; values
+   are read as YAML scalars (``50`` is a number, ``{dim: 64}`` a mapping),
+4. explicit arguments (CLI flags, or ``overrides`` in :func:`load_settings`),
+   given as dotted keys.
+
+A bad value raises :class:`~streamrag.errors.ConfigError` naming the key, the
+value, where it came from and what is allowed. Nothing else in streamrag reads
+the environment.
+
+>>> s = load_settings(overrides={"batcher.max_delay_ms": 50}, environ={})
+>>> s.batcher.max_delay_ms
+50
+>>> load_settings(overrides={"batcher.max_delay_ms": "soon"}, environ={})
+... # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+streamrag.errors.ConfigError: config key 'batcher.max_delay_ms' = 'soon' (from argument): ...
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from streamrag.errors import ConfigError
+
+__all__ = [
+    "BatcherSettings",
+    "ChunkingSettings",
+    "EmbedderSettings",
+    "EventTimeSettings",
+    "IndexSettings",
+    "IngestSettings",
+    "ServeSettings",
+    "Settings",
+    "SourceSettings",
+    "load_settings",
+]
+
+ENV_PREFIX = "STREAMRAG_"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class SourceSettings(_Frozen):
+    """Where changes come from: a JSONL file, or a directory of ``*.jsonl`` files, tailed."""
+
+    path: Path = Field(
+        Path("changes.jsonl"), description="A JSONL file, or a directory of JSONL files."
+    )
+    glob: str = Field("*.jsonl", description="Which files of a directory to read.")
+    poll_interval_ms: int = Field(100, gt=0, description="How often to look for new data.")
+    max_read_bytes: int = Field(
+        1 << 20, gt=0, description="At most this many bytes are read per poll (backpressure)."
+    )
+
+
+class IngestSettings(_Frozen):
+    """Decoding and validation of records."""
+
+    dead_letter_path: Path | None = Field(
+        None, description="JSONL file for bad records; default: <state_dir>/deadletter.jsonl."
+    )
+    max_document_bytes: int = Field(
+        1_000_000, gt=0, description="Larger records are dead-lettered."
+    )
+    default_tenant: str = Field("default", min_length=1)
+
+
+class ChunkingSettings(_Frozen):
+    """How documents are split into chunks before embedding."""
+
+    max_tokens: int = Field(128, gt=0, description="Upper bound of tokens per chunk.")
+    overlap_tokens: int = Field(16, ge=0, description="Tokens repeated between neighbours.")
+
+
+class BatcherSettings(_Frozen):
+    """The micro-batcher: a batch is flushed at whichever limit comes first."""
+
+    max_batch_size: int = Field(256, gt=0, description="Changes per micro-batch.")
+    max_delay_ms: int = Field(
+        20, ge=0, description="Processing-time deadline from the first pending change."
+    )
+
+
+class EmbedderSettings(_Frozen):
+    """Which embedder to use: a registered name or an import path ``pkg.mod:Name``."""
+
+    class_: str = Field(
+        "minilm",
+        alias="class",
+        description="'minilm', 'hashing', or an import path such as 'mypkg.emb:MyEmbedder'.",
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+
+
+class IndexSettings(_Frozen):
+    """The vector index."""
+
+    kind: Literal["exact"] = "exact"
+    initial_capacity: int = Field(1024, gt=0)
+
+
+class EventTimeSettings(_Frozen):
+    """Event-time progress reported as the watermark."""
+
+    max_out_of_orderness_ms: int = Field(
+        0, ge=0, description="How late a change may arrive behind the newest one seen."
+    )
+
+
+class ServeSettings(_Frozen):
+    """The HTTP API."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_k: int = Field(100, gt=0, description="Largest k a query may ask for.")
+
+
+class Settings(_Frozen):
+    """Every setting of a streamrag job."""
+
+    state_dir: Path = Field(Path(".streamrag"), description="Where streamrag keeps its files.")
+    source: SourceSettings = SourceSettings()
+    ingest: IngestSettings = IngestSettings()
+    chunking: ChunkingSettings = ChunkingSettings()
+    batcher: BatcherSettings = BatcherSettings()
+    embedder: EmbedderSettings = EmbedderSettings()
+    index: IndexSettings = IndexSettings()
+    event_time: EventTimeSettings = EventTimeSettings()
+    serve: ServeSettings = ServeSettings()
+
+    @property
+    def dead_letter_path(self) -> Path:
+        """The dead-letter file, defaulting into ``state_dir``."""
+        return self.ingest.dead_letter_path or self.state_dir / "deadletter.jsonl"
+
+
+def load_settings(
+    path: str | Path | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build :class:`Settings` from defaults, a YAML file, environment and overrides.
+
+    ``environ`` is the environment to read (pass ``os.environ``; tests pass a
+    dict). ``overrides`` maps dotted keys to values and wins over everything.
+    """
+    data: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    if path is not None:
+        _merge(data, origins, _read_yaml(Path(path)), f"file {path}")
+    env_layer: dict[str, Any] = {}
+    for name, raw in sorted((environ or {}).items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        _merge(env_layer, origins, _unflatten({dotted: _env_value(raw)}), f"env {name}")
+    _merge(data, {}, env_layer, "")
+    if overrides:
+        _merge(data, origins, _unflatten(dict(overrides)), "argument")
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise _config_error(exc, data, origins) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        msg = f"config file {str(path)!r} does not exist; pass the path of a YAML file"
+        raise ConfigError(msg) from None
+    except yaml.YAMLError as exc:
+        msg = f"config file {str(path)!r} is not valid YAML: {exc}"
+        raise ConfigError(msg) from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        msg = (
+            f"config file {str(path)!r} must hold a mapping of keys, found {type(loaded).__name__}"
+        )
+        raise ConfigError(msg)
+    return loaded
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        parts = dotted.split(".")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(
+    into: dict[str, Any],
+    origins: dict[str, str],
+    layer: Mapping[str, Any],
+    origin: str,
+    prefix: str = "",
+) -> None:
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict) and key != "args":
+            _merge(into[key], origins, value, origin, dotted + ".")
+        elif isinstance(value, Mapping) and key != "args":
+            into[key] = {}
+            _merge(into[key], origins, value, origin, dotted + ".")
+        else:
+            into[key] = value
+            if origin:
+                origins[dotted] = origin
+
+
+def _config_error(
+    exc: ValidationError, data: Mapping[str, Any], origins: Mapping[str, str]
+) -> ConfigError:
+    lines = []
+    for err in exc.errors():
+        dotted = ".".join(str(p) for p in err["loc"])
+        origin = origins.get(dotted, "defaults")
+        if err["type"] == "extra_forbidden":
+            parent, _, leaf = dotted.rpartition(".")
+            known = _known_keys(parent)
+            hint = difflib.get_close_matches(leaf, known, n=1)
+            suggestion = (
+                f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}"
+            )
+            lines.append(f"unknown config key {dotted!r} (from {origin}){suggestion}")
+        else:
+            lines.append(
+                f"config key {dotted!r} = {err.get('input')!r} (from {origin}): {err['msg']}"
+            )
+    return ConfigError("\n".join(lines))
+
+
+def _known_keys(parent: str) -> list[str]:
+    model: type[BaseModel] = Settings
+    for part in [p for p in parent.split(".") if p]:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return []
+        if not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return [f.alias or name for name, f in model.model_fields.items()]

@@ -1,0 +1,78 @@
+"""One error tree for streamrag.
+
+Every exception streamrag raises on purpose derives from :class:`StreamragError`,
+so ``except StreamragError`` catches them all. Third-party exceptions are mapped
+to one of these at the boundary where they happen. Messages say what was
+expected, what was found and what to do::
+
+    StreamragError
+    ├── ConfigError            a setting is missing or has a bad value
+    ├── MissingDependencyError an optional package is not installed
+    ├── InputError             an input record cannot be used (goes to dead letters)
+    │   └── DecodeError        not JSON, or not a valid change
+    ├── SourceError            a source cannot be read or resumed
+    ├── EmbedderError          an embedder failed or returned a bad shape
+    ├── IndexStoreError        the vector index refused an operation
+    └── QueryError             a query is malformed (bad filter, k, time range)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DecodeError",
+    "EmbedderError",
+    "IndexStoreError",
+    "InputError",
+    "MissingDependencyError",
+    "QueryError",
+    "SourceError",
+    "StreamragError",
+]
+
+
+class StreamragError(Exception):
+    """Root of every error streamrag raises on purpose."""
+
+
+class ConfigError(StreamragError):
+    """A configuration key is missing or has a bad value.
+
+    The message names the key (dotted path), the bad value and what is allowed.
+    """
+
+
+class MissingDependencyError(StreamragError):
+    """An optional dependency is not installed; the message names the extra."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{purpose} needs the package {package!r}, which is not installed. "
+            f"Install it with: pip install 'streamrag[{extra}]'"
+        )
+
+
+class InputError(StreamragError):
+    """An input record cannot be used. Such records go to the dead-letter store."""
+
+
+class DecodeError(InputError):
+    """A record is not valid JSON or does not match the change schema."""
+
+
+class SourceError(StreamragError):
+    """A source cannot be opened, read or resumed from its offset."""
+
+
+class EmbedderError(StreamragError):
+    """An embedder failed, or returned vectors of the wrong shape or type."""
+
+
+class IndexStoreError(StreamragError):
+    """The vector index refused an operation (for example a dimension mismatch)."""
+
+
+class QueryError(StreamragError):
+    """A query is malformed: unknown filter, bad ``k`` or an empty time range."""

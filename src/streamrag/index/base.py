@@ -1,0 +1,183 @@
+"""What goes into the index and what comes out: the index contract.
+
+A micro-batch reaches the index as one :class:`CommitBatch`: a row per document
+(:class:`DocOp`) and columns for the chunks of the upserted ones, vectors
+included. The index applies it all at once and advances its **epoch** by one —
+readers see the whole batch or none of it.
+
+Per document the newest version wins: ``(event_time, offset)`` must be greater
+than the version the index holds (:class:`DocState`), else the operation is
+stale and ignored. A delete leaves a tombstone that keeps its version, so an
+older upsert that arrives later cannot bring the document back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.changes import Op
+from streamrag.errors import QueryError
+from streamrag.timing import Timestamp
+
+__all__ = [
+    "CommitBatch",
+    "CommitResult",
+    "DocOp",
+    "DocState",
+    "Hit",
+    "IndexStats",
+    "SearchFilter",
+    "VectorIndex",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DocOp:
+    """One document's change in a commit.
+
+    Its chunks are rows ``[first_chunk, first_chunk + n_chunks)`` of the batch.
+    """
+
+    tenant: str
+    doc_id: str
+    op: Op
+    event_time: Timestamp
+    offset: int
+    source: str
+    domain: str = ""
+    first_chunk: int = 0
+    n_chunks: int = 0
+
+    @property
+    def version(self) -> tuple[Timestamp, int]:
+        """``(event_time, offset)``: the larger version wins."""
+        return (self.event_time, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitBatch:
+    """Everything one micro-batch writes, in columns."""
+
+    docs: list[DocOp]
+    chunk_ids: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int32]
+    texts: list[str]
+    hashes: list[bytes]
+    vectors: npt.NDArray[np.float32]
+    embedder_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """What a commit did."""
+
+    epoch: int
+    applied_docs: int
+    stale_docs: int
+    chunks_added: int
+
+
+@dataclass(slots=True)
+class DocState:
+    """The version of a document the index holds, and where its chunks are."""
+
+    version: tuple[Timestamp, int]
+    deleted: bool
+    rows: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchFilter:
+    """Which chunks a query may see. The tenant is always applied.
+
+    ``domains`` and ``doc_ids`` are sets (None = any); ``time_range`` is
+    ``[start_us, end_us)`` on the document's event time, either end open (None).
+    Filters are applied before ranking, so a filtered query returns ``k``
+    results whenever ``k`` matching chunks exist.
+    """
+
+    tenant: str = "default"
+    domains: frozenset[str] | None = None
+    doc_ids: frozenset[str] | None = None
+    start_us: Timestamp | None = None
+    end_us: Timestamp | None = None
+
+    def __post_init__(self) -> None:
+        if self.start_us is not None and self.end_us is not None and self.start_us >= self.end_us:
+            msg = (
+                f"time_range is empty: start ({self.start_us} µs) is not before end "
+                f"({self.end_us} µs); give a start earlier than the end"
+            )
+            raise QueryError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One retrieved chunk and where it came from."""
+
+    score: float
+    chunk_id: int
+    tenant: str
+    doc_id: str
+    domain: str
+    position: int
+    text: str
+    event_time: Timestamp
+    source: str
+    offset: int
+    epoch: int
+    embedder_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """Sizes of one epoch."""
+
+    epoch: int
+    live_chunks: int
+    live_docs: int
+    deleted_docs: int
+    rows: int
+    committed_at_us: Timestamp
+
+
+class VectorIndex(Protocol):
+    """A versioned vector index: one writer, any number of readers."""
+
+    @property
+    def dim(self) -> int:
+        """Vector length."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """The latest committed epoch (0 before the first commit)."""
+        ...
+
+    def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
+        """The version held for a document, or None if never seen."""
+        ...
+
+    def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Copies of stored vectors, for reuse of unchanged chunks."""
+        ...
+
+    def commit(self, batch: CommitBatch) -> CommitResult:
+        """Apply a micro-batch atomically and advance the epoch by one."""
+        ...
+
+    def search_many(
+        self, queries: npt.NDArray[np.float32], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]]]:
+        """Top-``k`` hits per query row from one pinned epoch; returns (epoch, hits)."""
+        ...
+
+    def stats(self) -> IndexStats:
+        """Sizes of the latest epoch."""
+        ...

@@ -1,0 +1,410 @@
+"""An in-memory exact vector index with epochs and snapshot isolation.
+
+Vectors are L2-normalized float32 rows; a query's score against a chunk is their
+inner product, computed for every visible row (exact search, recall 1.0).
+
+**Epochs without locks.** Rows are only ever appended; a superseded or deleted
+chunk is not removed but marked dead in the ``alive`` mask. A commit appends the
+new rows past the end that readers can see, builds a fresh ``alive`` mask and
+then publishes a new immutable :class:`Snapshot` by swapping one reference. A
+query pins the snapshot it starts with and reads only rows ``< snapshot.rows``
+through that snapshot's mask, so it sees one whole epoch even while the next
+commit is being written, and writers never wait for readers.
+
+When more than half the rows are dead, a commit compacts: it copies the live
+rows into new arrays. Readers that pinned an older snapshot keep the old arrays
+alive until they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.changes import Op
+from streamrag.errors import IndexStoreError, QueryError
+from streamrag.index.base import (
+    CommitBatch,
+    CommitResult,
+    DocOp,
+    DocState,
+    Hit,
+    IndexStats,
+    SearchFilter,
+)
+from streamrag.timing import Clock, SystemClock, Timestamp
+
+__all__ = ["ExactIndex", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """Row-aligned storage. Arrays and lists are append-only between compactions."""
+
+    vectors: npt.NDArray[np.float32]
+    event_times: npt.NDArray[np.int64]
+    tenant_codes: npt.NDArray[np.int32]
+    domain_codes: npt.NDArray[np.int32]
+    doc_codes: npt.NDArray[np.int32]
+    chunk_ids: npt.NDArray[np.int64]
+    positions: npt.NDArray[np.int32]
+    offsets: npt.NDArray[np.int64]
+    epochs: npt.NDArray[np.int64]
+    texts: list[str]
+    doc_ids: list[str]
+    tenants: list[str]
+    domains: list[str]
+    sources: list[str]
+    embedder_versions: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One committed epoch, immutable: what a query reads."""
+
+    epoch: int
+    rows: int
+    alive: npt.NDArray[np.bool_]
+    cols: _Columns
+    tenant_codes: dict[str, int]
+    domain_codes: dict[str, int]
+    doc_codes: dict[str, int]
+    stats: IndexStats
+
+
+def _empty_columns(capacity: int, dim: int) -> _Columns:
+    return _Columns(
+        vectors=np.zeros((capacity, dim), dtype=np.float32),
+        event_times=np.zeros(capacity, dtype=np.int64),
+        tenant_codes=np.zeros(capacity, dtype=np.int32),
+        domain_codes=np.zeros(capacity, dtype=np.int32),
+        doc_codes=np.zeros(capacity, dtype=np.int32),
+        chunk_ids=np.zeros(capacity, dtype=np.int64),
+        positions=np.zeros(capacity, dtype=np.int32),
+        offsets=np.zeros(capacity, dtype=np.int64),
+        epochs=np.zeros(capacity, dtype=np.int64),
+        texts=[],
+        doc_ids=[],
+        tenants=[],
+        domains=[],
+        sources=[],
+        embedder_versions=[],
+    )
+
+
+_ARRAYS = (
+    "vectors",
+    "event_times",
+    "tenant_codes",
+    "domain_codes",
+    "doc_codes",
+    "chunk_ids",
+    "positions",
+    "offsets",
+    "epochs",
+)
+_LISTS = ("texts", "doc_ids", "tenants", "domains", "sources", "embedder_versions")
+
+
+class ExactIndex:
+    """Exact inner-product search over every live chunk, with epochs.
+
+    One thread commits; any number of threads search.
+    """
+
+    def __init__(
+        self, dim: int, *, initial_capacity: int = 1024, clock: Clock | None = None
+    ) -> None:
+        if dim <= 0:
+            msg = f"dim must be positive, found {dim}"
+            raise IndexStoreError(msg)
+        self._dim = dim
+        self._clock = clock or SystemClock()
+        self._cols = _empty_columns(max(1, initial_capacity), dim)
+        self._alive = np.zeros(self._cols.vectors.shape[0], dtype=np.bool_)
+        self._rows = 0
+        self._live_chunks = 0
+        self._docs: dict[tuple[str, str], DocState] = {}
+        self._live_docs = 0
+        self._deleted_docs = 0
+        self._tenant_codes: dict[str, int] = {}
+        self._domain_codes: dict[str, int] = {}
+        self._doc_codes: dict[str, int] = {}
+        self._snapshot = self._publish(0)
+
+    # -- reading ---------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Vector length."""
+        return self._dim
+
+    @property
+    def epoch(self) -> int:
+        """The latest committed epoch."""
+        return self._snapshot.epoch
+
+    def pin(self) -> Snapshot:
+        """The latest committed snapshot; hold it to read one epoch repeatedly."""
+        return self._snapshot
+
+    def stats(self) -> IndexStats:
+        """Sizes of the latest epoch."""
+        return self._snapshot.stats
+
+    def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
+        """The version held for a document (writer side)."""
+        return self._docs.get((tenant, doc_id))
+
+    def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Copies of stored vectors (writer side)."""
+        return self._cols.vectors[np.asarray(rows, dtype=np.int64)].copy()
+
+    def search_many(
+        self,
+        queries: npt.NDArray[np.float32],
+        k: int,
+        flt: SearchFilter,
+        snapshot: Snapshot | None = None,
+    ) -> tuple[int, list[list[Hit]]]:
+        """Top-``k`` chunks per query from one epoch (the latest unless ``snapshot``)."""
+        snap = snapshot or self._snapshot
+        q = np.asarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self._dim:
+            msg = f"queries must have shape (n, {self._dim}); found {q.shape}"
+            raise QueryError(msg)
+        if k <= 0:
+            msg = f"k must be positive, found {k}"
+            raise QueryError(msg)
+        rows = _candidates(snap, flt)
+        if rows is None or rows.size == 0:
+            return snap.epoch, [[] for _ in range(q.shape[0])]
+        vectors = snap.cols.vectors
+        if rows.size * 4 >= snap.rows:
+            # Most rows match: one product over all rows, then keep the matching columns.
+            scores = (q @ vectors[: snap.rows].T)[:, rows]
+        else:
+            # A selective filter: gather the few matching rows first.
+            scores = q @ vectors[rows].T
+        kk = min(k, rows.size)
+        if kk < rows.size:
+            top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        else:
+            top = np.broadcast_to(np.arange(rows.size), (q.shape[0], rows.size))
+        results = []
+        for i in range(q.shape[0]):
+            cand = top[i]
+            order = cand[np.argsort(-scores[i, cand], kind="stable")]
+            results.append([_hit(snap, int(rows[j]), float(scores[i, j])) for j in order])
+        return snap.epoch, results
+
+    # -- writing ---------------------------------------------------------------
+
+    def commit(self, batch: CommitBatch) -> CommitResult:
+        """Apply a micro-batch and publish the next epoch."""
+        if batch.vectors.shape != (len(batch.texts), self._dim):
+            msg = (
+                f"commit carries vectors of shape {batch.vectors.shape} for "
+                f"{len(batch.texts)} chunks; expected ({len(batch.texts)}, {self._dim})"
+            )
+            raise IndexStoreError(msg)
+        epoch = self._snapshot.epoch + 1
+        docs = self._docs
+        alive = self._alive
+        keep: list[int] = []  # chunk positions in the batch to append
+        winners: dict[tuple[str, str], DocOp] = {}
+        for d in batch.docs:
+            key = (d.tenant, d.doc_id)
+            other = winners.get(key)
+            if other is None or d.version > other.version:
+                winners[key] = d
+        applied = 0
+        stale = len(batch.docs) - len(winners)
+        for key, d in winners.items():
+            state = docs.get(key)
+            if state is not None and state.version >= d.version:
+                stale += 1
+                continue
+            applied += 1
+            if state is not None:
+                if state.rows:
+                    alive[state.rows] = False
+                    self._live_chunks -= len(state.rows)
+                if state.deleted:
+                    self._deleted_docs -= 1
+                else:
+                    self._live_docs -= 1
+            if d.op == Op.DELETE or d.n_chunks == 0:
+                docs[key] = DocState(d.version, deleted=True)
+                self._deleted_docs += 1
+                continue
+            start = self._rows + len(keep)
+            span = range(d.first_chunk, d.first_chunk + d.n_chunks)
+            keep.extend(span)
+            docs[key] = DocState(
+                d.version,
+                deleted=False,
+                rows=list(range(start, start + d.n_chunks)),
+                hashes=[batch.hashes[i] for i in span],
+            )
+            self._live_docs += 1
+        self._append(batch, keep, epoch)
+        self._live_chunks += len(keep)
+        if self._rows > 1024 and self._live_chunks < self._rows // 2:
+            self._compact()
+        self._snapshot = self._publish(epoch)
+        return CommitResult(epoch, applied, stale, len(keep))
+
+    def _append(self, batch: CommitBatch, keep: list[int], epoch: int) -> None:
+        m = len(keep)
+        if m == 0:
+            return
+        self._reserve(self._rows + m)
+        lo, hi = self._rows, self._rows + m
+        cols = self._cols
+        idx = np.asarray(keep, dtype=np.int64)
+        doc_by_chunk = np.empty(len(batch.texts), dtype=np.int64)
+        for n, d in enumerate(batch.docs):
+            doc_by_chunk[d.first_chunk : d.first_chunk + d.n_chunks] = n
+        owners = [batch.docs[int(n)] for n in doc_by_chunk[idx]]
+        cols.vectors[lo:hi] = batch.vectors[idx]
+        cols.chunk_ids[lo:hi] = batch.chunk_ids[idx]
+        cols.positions[lo:hi] = batch.positions[idx]
+        cols.epochs[lo:hi] = epoch
+        cols.event_times[lo:hi] = [d.event_time for d in owners]
+        cols.offsets[lo:hi] = [d.offset for d in owners]
+        cols.tenant_codes[lo:hi] = [_code(self._tenant_codes, d.tenant) for d in owners]
+        cols.domain_codes[lo:hi] = [_code(self._domain_codes, d.domain) for d in owners]
+        cols.doc_codes[lo:hi] = [_code(self._doc_codes, d.doc_id) for d in owners]
+        texts = batch.texts
+        cols.texts.extend([texts[i] for i in keep])
+        cols.doc_ids.extend([d.doc_id for d in owners])
+        cols.tenants.extend([d.tenant for d in owners])
+        cols.domains.extend([d.domain for d in owners])
+        cols.sources.extend([d.source for d in owners])
+        cols.embedder_versions.extend([batch.embedder_version] * m)
+        self._alive[lo:hi] = True
+        self._rows = hi
+
+    def _reserve(self, rows: int) -> None:
+        capacity = self._cols.vectors.shape[0]
+        if rows <= capacity:
+            return
+        new_cap = max(rows, capacity * 2)
+        old = self._cols
+        grown: dict[str, Any] = {}
+        for name in _ARRAYS:
+            arr = getattr(old, name)
+            bigger = np.zeros((new_cap, *arr.shape[1:]), dtype=arr.dtype)
+            bigger[: self._rows] = arr[: self._rows]
+            grown[name] = bigger
+        self._cols = _Columns(**grown, **{name: getattr(old, name) for name in _LISTS})
+        alive = np.zeros(new_cap, dtype=np.bool_)
+        alive[: self._rows] = self._alive[: self._rows]
+        self._alive = alive
+
+    def _compact(self) -> None:
+        """Copy live rows into fresh storage; old snapshots keep the old storage."""
+        live = np.flatnonzero(self._alive[: self._rows])
+        new_index = np.full(self._rows, -1, dtype=np.int64)
+        new_index[live] = np.arange(live.size)
+        old = self._cols
+        capacity = max(1024, live.size * 2)
+        arrays: dict[str, Any] = {}
+        for name in _ARRAYS:
+            arr = getattr(old, name)
+            fresh = np.zeros((capacity, *arr.shape[1:]), dtype=arr.dtype)
+            fresh[: live.size] = arr[live]
+            arrays[name] = fresh
+        keep = live.tolist()
+        lists: dict[str, Any] = {name: [getattr(old, name)[i] for i in keep] for name in _LISTS}
+        self._cols = _Columns(**arrays, **lists)
+        self._alive = np.zeros(capacity, dtype=np.bool_)
+        self._alive[: live.size] = True
+        self._rows = live.size
+        for state in self._docs.values():
+            if state.rows:
+                state.rows = new_index[state.rows].tolist()
+
+    def _publish(self, epoch: int) -> Snapshot:
+        stats = IndexStats(
+            epoch=epoch,
+            live_chunks=self._live_chunks,
+            live_docs=self._live_docs,
+            deleted_docs=self._deleted_docs,
+            rows=self._rows,
+            committed_at_us=self._clock.now_us(),
+        )
+        return Snapshot(
+            epoch=epoch,
+            rows=self._rows,
+            alive=self._alive[: self._rows].copy(),
+            cols=self._cols,
+            tenant_codes=self._tenant_codes,
+            domain_codes=self._domain_codes,
+            doc_codes=self._doc_codes,
+            stats=stats,
+        )
+
+    def __repr__(self) -> str:
+        s = self._snapshot.stats
+        return f"ExactIndex(dim={self._dim}, epoch={s.epoch}, live_chunks={s.live_chunks})"
+
+
+def _code(codes: dict[str, int], value: str) -> int:
+    code = codes.get(value)
+    if code is None:
+        code = codes[value] = len(codes)
+    return code
+
+
+def _codes(codes: dict[str, int], values: frozenset[str]) -> list[int]:
+    return [codes[v] for v in values if v in codes]
+
+
+def _candidates(snap: Snapshot, flt: SearchFilter) -> npt.NDArray[np.int64] | None:
+    """Rows a query may see, or None when nothing matches; filters apply before ranking."""
+    n = snap.rows
+    if n == 0:
+        return None
+    cols = snap.cols
+    tenant = snap.tenant_codes.get(flt.tenant)
+    if tenant is None:
+        return None
+    mask = snap.alive & (cols.tenant_codes[:n] == tenant)
+    for values, codes, column in (
+        (flt.domains, snap.domain_codes, cols.domain_codes),
+        (flt.doc_ids, snap.doc_codes, cols.doc_codes),
+    ):
+        if values is not None:
+            wanted = _codes(codes, values)
+            if not wanted:
+                return None
+            mask &= np.isin(column[:n], wanted)
+    if flt.start_us is not None:
+        mask &= cols.event_times[:n] >= flt.start_us
+    if flt.end_us is not None:
+        mask &= cols.event_times[:n] < flt.end_us
+    return np.flatnonzero(mask)
+
+
+def _hit(snap: Snapshot, row: int, score: float) -> Hit:
+    c = snap.cols
+    return Hit(
+        score=score,
+        chunk_id=int(c.chunk_ids[row]),
+        tenant=c.tenants[row],
+        doc_id=c.doc_ids[row],
+        domain=c.domains[row],
+        position=int(c.positions[row]),
+        text=c.texts[row],
+        event_time=Timestamp(c.event_times[row]),
+        source=c.sources[row],
+        offset=int(c.offsets[row]),
+        epoch=int(c.epochs[row]),
+        embedder_version=c.embedder_versions[row],
+    )

@@ -1,0 +1,75 @@
+"""Prometheus metrics, one registry per running job (no process globals).
+
+Counters follow the data path: records ingested, changes applied (stale ones
+included, since last-writer-wins made them no-ops), dead letters by stage,
+chunks embedded versus reused, commits. Histograms time the commit freshness
+(oldest change read → visible), embedding and queries.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    """The instruments of one streamrag job, in their own registry."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ingested = Counter(
+            "streamrag_changes_ingested", "Records read from sources.", registry=r
+        )
+        self.applied = Counter(
+            "streamrag_changes_applied", "Changes committed (stale no-ops included).", registry=r
+        )
+        self.stale = Counter(
+            "streamrag_changes_stale", "Changes older than the version held.", registry=r
+        )
+        self.dead_letters = Counter(
+            "streamrag_dead_letters",
+            "Records sent to the dead-letter store.",
+            ["stage"],
+            registry=r,
+        )
+        self.chunks_embedded = Counter(
+            "streamrag_chunks_embedded", "Chunks sent to the embedder.", registry=r
+        )
+        self.chunks_reused = Counter(
+            "streamrag_chunks_reused", "Unchanged chunks that kept their vector.", registry=r
+        )
+        self.commits = Counter("streamrag_commits", "Micro-batches committed.", registry=r)
+        self.epoch = Gauge("streamrag_index_epoch", "Latest committed epoch.", registry=r)
+        self.live_chunks = Gauge("streamrag_index_live_chunks", "Searchable chunks.", registry=r)
+        self.live_docs = Gauge("streamrag_index_live_docs", "Searchable documents.", registry=r)
+        self.pending = Gauge(
+            "streamrag_pending_changes", "Changes read but not committed.", registry=r
+        )
+        self.watermark = Gauge(
+            "streamrag_watermark_seconds", "Event-time watermark (Unix seconds).", registry=r
+        )
+        self.freshness = Histogram(
+            "streamrag_commit_freshness_seconds",
+            "Processing time from reading the oldest change of a batch to its commit.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.embed_seconds = Histogram(
+            "streamrag_embed_seconds",
+            "Time per embed_many call.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.query_seconds = Histogram(
+            "streamrag_query_seconds",
+            "Time to answer a retrieval batch.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,159 @@
+"""A running streamrag job: the pipeline, its index and the query side, built from settings.
+
+:class:`Service` is what the HTTP API and the CLI talk to. It owns one
+embedder (shared by ingestion and queries), one index, the pipeline and the
+thread that runs it, and the metrics registry. ``start()`` begins ingesting,
+``stop()`` commits what is pending and stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamrag.chunking import TokenSplitter
+from streamrag.config import Settings
+from streamrag.embed.base import Embedder, build_embedder, check_vectors
+from streamrag.eventtime import BoundedOutOfOrderness
+from streamrag.index.base import Hit, SearchFilter
+from streamrag.index.exact import ExactIndex
+from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.runtime.executor import PipelineRunner
+from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.pipeline import Pipeline
+from streamrag.sources.base import Source
+from streamrag.sources.files import JsonlSource
+from streamrag.timing import MIN_TIMESTAMP, US_PER_MS, Clock, SystemClock, format_timestamp
+
+__all__ = ["Service", "Status"]
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A point-in-time view of the job, as ``GET /v1/status`` returns it."""
+
+    body: dict[str, Any]
+
+
+class Service:
+    """One streamrag job: ingestion in a background thread, retrieval on demand."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        embedder: Embedder | None = None,
+        source: Source | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.embedder = embedder or build_embedder(settings.embedder.class_, settings.embedder.args)
+        self.metrics = Metrics()
+        self.index = ExactIndex(
+            self.embedder.dim, initial_capacity=settings.index.initial_capacity, clock=self.clock
+        )
+        ingest = settings.ingest
+        src = source or JsonlSource(
+            settings.source.path,
+            glob=settings.source.glob,
+            max_line_bytes=ingest.max_document_bytes + 1,
+        )
+        self.pipeline = Pipeline(
+            source=src,
+            embedder=self.embedder,
+            index=self.index,
+            # The in-memory index is rebuilt from the start of the input on every
+            # start, so the dead-letter file starts empty too.
+            dead_letters=DeadLetterStore(settings.dead_letter_path, truncate=True),
+            clock=self.clock,
+            splitter=TokenSplitter(settings.chunking.max_tokens, settings.chunking.overlap_tokens),
+            decoder=Decoder(
+                default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
+            ),
+            max_batch_size=settings.batcher.max_batch_size,
+            max_delay_ms=settings.batcher.max_delay_ms,
+            max_read_bytes=settings.source.max_read_bytes,
+            watermark=BoundedOutOfOrderness(
+                settings.event_time.max_out_of_orderness_ms * US_PER_MS
+            ),
+            metrics=self.metrics,
+        )
+        self.runner = PipelineRunner(
+            self.pipeline, poll_interval_ms=settings.source.poll_interval_ms
+        )
+        self.started_us = self.clock.now_us()
+
+    def start(self) -> None:
+        """Load the embedder and start ingesting in the background."""
+        load = getattr(self.embedder, "load", None)
+        if callable(load):
+            load()
+        self.runner.start()
+
+    def stop(self) -> None:
+        """Commit what is pending and stop ingesting."""
+        self.runner.stop()
+
+    def retrieve_many(
+        self, queries: Sequence[str], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]]]:
+        """Embed queries in one call and search one pinned epoch for all of them."""
+        started = time.perf_counter()
+        vectors = check_vectors(
+            self.embedder.embed_many(list(queries)), len(queries), self.embedder.dim, "embedder"
+        )
+        result = self.index.search_many(vectors, k, flt)
+        self.metrics.query_seconds.observe(time.perf_counter() - started)
+        return result
+
+    def status(self) -> Status:
+        """Epoch, watermark, counts, lag and freshness."""
+        st = self.pipeline.stats
+        idx = self.index.stats()
+        now = self.clock.now_us()
+        wm = self.pipeline.watermark.watermark
+        pending = self.pipeline.batcher.pending
+        body: dict[str, Any] = {
+            "epoch": idx.epoch,
+            "watermark": None if wm == MIN_TIMESTAMP else format_timestamp(wm),
+            "counts": {
+                "ingested": st.ingested,
+                "applied": st.applied,
+                "stale": st.stale,
+                "dead_lettered": st.dead_lettered,
+                "pending": pending,
+                "chunks_embedded": st.chunks_embedded,
+                "chunks_reused": st.chunks_reused,
+                "commits": st.commits,
+            },
+            "index": {
+                "live_docs": idx.live_docs,
+                "live_chunks": idx.live_chunks,
+                "deleted_docs": idx.deleted_docs,
+            },
+            "ingest_lag": {
+                "backlog_bytes": self.pipeline.reader.backlog_bytes(),
+                "pending_changes": pending,
+                "caught_up": self.pipeline.caught_up,
+            },
+            "freshness": {
+                "last_batch_ms": None
+                if st.last_freshness_us is None
+                else st.last_freshness_us / US_PER_MS,
+                "since_last_commit_ms": None
+                if st.last_commit_us is None
+                else max(0, now - st.last_commit_us) / US_PER_MS,
+            },
+            "embedder": self.embedder.version,
+            "dead_letter_path": str(self.settings.dead_letter_path),
+            "pipeline": {
+                "running": self.runner.running,
+                "errors": self.runner.errors,
+                "last_error": self.runner.last_error,
+            },
+            "uptime_s": (now - self.started_us) / 1e6,
+        }
+        return Status(body)

@@ -1,0 +1,95 @@
+"""Request and response bodies of the HTTP API, with a description and an example per field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from streamrag.timing import parse_timestamp
+
+__all__ = [
+    "Filters",
+    "RetrieveRequest",
+    "RetrieveResponse",
+    "RetrievedChunk",
+    "TimeRange",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Filters(_Model):
+    """Which documents a query may see. Applied before ranking."""
+
+    tenant: str = Field("default", description="Tenant to search.", examples=["default"])
+    domain: str | list[str] | None = Field(
+        None, description="One domain or a list of domains.", examples=["ops"]
+    )
+    doc_id: str | list[str] | None = Field(
+        None, description="One document id or a list.", examples=["runbook-7"]
+    )
+
+
+class TimeRange(_Model):
+    """A half-open range ``[start, end)`` on the documents' event time."""
+
+    start: int | None = Field(
+        None,
+        description="ISO-8601 time with a zone, or epoch seconds; omitted = unbounded.",
+        examples=["2024-05-01T00:00:00Z"],
+    )
+    end: int | None = Field(
+        None,
+        description="ISO-8601 time with a zone, or epoch seconds; omitted = unbounded.",
+        examples=["2024-06-01T00:00:00Z"],
+    )
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> int | None:
+        if value is None:
+            return None
+        return parse_timestamp(value)
+
+
+class RetrieveRequest(_Model):
+    """``POST /v1/retrieve``: find the chunks closest to a query."""
+
+    query: str = Field(
+        ...,
+        min_length=1,
+        max_length=10_000,
+        description="Question or keywords.",
+        examples=["how do I rotate the database password?"],
+    )
+    k: int = Field(5, ge=1, description="How many chunks to return.", examples=[5])
+    filters: Filters = Field(default_factory=Filters, description="Tenant, domain, doc id.")
+    time_range: TimeRange | None = Field(None, description="Event-time range of documents.")
+
+
+class RetrievedChunk(_Model):
+    """One chunk, its score and where it came from."""
+
+    chunk_id: str = Field(..., description="Stable id (hex) of (tenant, doc_id, position).")
+    doc_id: str
+    tenant: str
+    domain: str
+    position: int = Field(..., description="Index of the chunk within its document.")
+    score: float = Field(..., description="Inner product of unit vectors (cosine).")
+    text: str
+    event_time: str = Field(..., description="Event time of the document version (UTC).")
+    source: str = Field(..., description="Where the change was read.")
+    offset: int = Field(..., description="Offset of the change in its source.")
+    epoch: int = Field(..., description="Epoch that committed this chunk.")
+    embedder: str = Field(..., description="Embedder version that made its vector.")
+
+
+class RetrieveResponse(_Model):
+    """The chunks found, read from one committed epoch."""
+
+    epoch: int = Field(..., description="The index epoch every result was read from.")
+    took_ms: float
+    results: list[RetrievedChunk]

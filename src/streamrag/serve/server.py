@@ -1,0 +1,29 @@
+"""Run the HTTP API with uvicorn in the foreground until Ctrl-C or SIGTERM.
+
+uvicorn handles the signals: on the first one it stops accepting requests,
+finishes those in flight and runs the app's shutdown, which stops the query
+worker; :func:`serve_forever` then stops the service, committing what is
+pending, before it returns.
+"""
+
+from __future__ import annotations
+
+import uvicorn
+
+from streamrag.runtime.service import Service
+from streamrag.serve.app import create_app
+
+__all__ = ["serve_forever"]
+
+
+def serve_forever(service: Service, *, host: str, port: int, log_level: str = "warning") -> None:
+    """Serve ``service`` on ``host:port``; the service must already be started."""
+    app = create_app(service, manage_service=False)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        service.stop()

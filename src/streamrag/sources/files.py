@@ -1,0 +1,162 @@
+"""Tail a JSONL file, or every ``*.jsonl`` file of a directory.
+
+Each line is one change. The resume position of a file is the byte offset after
+the last complete line returned; a line is complete once its newline is
+written, so a writer that is half-way through a line is never read early.
+New files that appear in a watched directory are picked up on the next poll.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from streamrag.errors import SourceError
+from streamrag.sources.base import RawBatch
+
+__all__ = ["JsonlSource", "JsonlSourceReader"]
+
+_BLOCK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class JsonlSource:
+    """A JSONL file, or a directory whose files matching ``glob`` are read in name order.
+
+    ``max_line_bytes`` bounds memory for a runaway line: anything longer is cut
+    there (and then rejected by the decoder as too large) and reading skips to
+    the next newline.
+    """
+
+    path: Path
+    glob: str = "*.jsonl"
+    max_line_bytes: int = 1_000_001
+
+    def build(self, resume: Mapping[str, int] | None = None) -> JsonlSourceReader:
+        """Open a reader at ``resume`` (file name → byte offset), or at the start."""
+        return JsonlSourceReader(self, dict(resume or {}))
+
+
+class JsonlSourceReader:
+    """Reads complete lines from one or more files, remembering byte offsets."""
+
+    def __init__(self, spec: JsonlSource, offsets: dict[str, int]) -> None:
+        self._spec = spec
+        self._offsets = offsets
+
+    def _files(self) -> list[Path]:
+        path = Path(self._spec.path)
+        if path.is_dir():
+            return sorted(p for p in path.glob(self._spec.glob) if p.is_file())
+        if path.exists():
+            return [path]
+        return []
+
+    def poll(self, max_bytes: int, *, final: bool = False) -> list[RawBatch]:
+        """Read complete lines from every file, up to about ``max_bytes`` in all."""
+        batches: list[RawBatch] = []
+        budget = max_bytes
+        for file in self._files():
+            if budget <= 0:
+                break
+            batch = self._read(file, budget, final)
+            if batch is not None:
+                batches.append(batch)
+                budget -= batch.end_offset - batch.offsets[0]
+        return batches
+
+    def _read(self, file: Path, budget: int, final: bool) -> RawBatch | None:
+        name = str(file)
+        start = self._offsets.get(name, 0)
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            return None
+        if size < start:
+            msg = (
+                f"{name} shrank to {size} bytes below the resume offset {start}; streamrag "
+                "reads append-only files. Write new data to a new file in the watched directory."
+            )
+            raise SourceError(msg)
+        if size == start:
+            return None
+        with open(file, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(min(budget, size - start))
+            lines: list[bytes] = []
+            offsets: list[int] = []
+            pos = 0
+            end = len(data)
+            while pos < end:
+                nl = data.find(b"\n", pos)
+                if nl < 0:
+                    break
+                if nl > pos:  # skip blank lines, but keep their bytes consumed
+                    lines.append(data[pos:nl])
+                    offsets.append(start + pos)
+                pos = nl + 1
+            consumed = pos
+            if not lines and pos < end:
+                # One line longer than the budget: keep its head, skip to its end.
+                head, line_end = self._long_line(fh, start + end, data[pos:], final, size)
+                if line_end is None:
+                    return None
+                lines.append(head)
+                offsets.append(start + pos)
+                consumed = line_end - start
+            elif final and consumed < end and start + end == size:
+                tail = data[consumed:]
+                if tail.strip():
+                    lines.append(tail)
+                    offsets.append(start + consumed)
+                consumed = end
+        if consumed == 0:
+            return None
+        self._offsets[name] = start + consumed
+        if not lines:
+            return None
+        return RawBatch(name, lines, offsets, start + consumed)
+
+    def _long_line(
+        self, fh: BinaryIO, pos: int, head: bytes, final: bool, size: int
+    ) -> tuple[bytes, int | None]:
+        """Find the end of a line that did not fit; return its head and end offset.
+
+        ``pos`` is the file position after ``head``.
+        """
+        limit = self._spec.max_line_bytes
+        kept = bytearray(head[:limit])
+        while True:
+            block = fh.read(_BLOCK)
+            if not block:
+                if final:
+                    return bytes(kept), size
+                return b"", None  # the line is not complete yet
+            nl = block.find(b"\n")
+            if nl >= 0:
+                if len(kept) < limit:
+                    kept += block[: min(nl, limit - len(kept))]
+                return bytes(kept), pos + nl + 1
+            if len(kept) < limit:
+                kept += block[: limit - len(kept)]
+            pos += len(block)
+
+    def snapshot(self) -> dict[str, int]:
+        """Byte offset after the last line returned, per file."""
+        return dict(self._offsets)
+
+    def backlog_bytes(self) -> int:
+        """Bytes written to the files but not yet returned."""
+        total = 0
+        for file in self._files():
+            try:
+                total += max(0, os.path.getsize(file) - self._offsets.get(str(file), 0))
+            except FileNotFoundError:
+                continue
+        return total
+
+    def close(self) -> None:
+        """Nothing stays open between polls."""
