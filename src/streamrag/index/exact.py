@@ -254,7 +254,7 @@ class ExactIndex:
             self._live_docs += 1
         self._append(batch, keep, epoch)
         self._live_chunks += len(keep)
-        if self._rows > 1024 and self._live_chunks < self._rows // 2:
+        if self._rows > 1024 and self._live_chunks <= self._rows // 2:
             self._compact()
         self._snapshot = self._publish(epoch)
         return CommitResult(epoch, applied, stale, len(keep))

@@ -43,7 +43,8 @@ class DeadLetterStore:
     def __init__(self, path: Path, *, truncate: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "w" if truncate else "a", encoding="utf-8")  # noqa: SIM115
+        if truncate or not self.path.exists():
+            self.path.write_text("", encoding="utf-8")
         self._lock = threading.Lock()
         self.by_stage: Counter[str] = Counter()
         if not truncate:
@@ -66,9 +67,10 @@ class DeadLetterStore:
             row["time"] = stamp
             lines.append(json.dumps(row, ensure_ascii=False))
             self.by_stage[letter.stage] += 1
-        with self._lock:
-            self._fh.write("\n".join(lines) + "\n")
-            self._fh.flush()
+        # Bad records are rare: open, append and close each time, so nothing
+        # stays open and every record is on disk when this returns.
+        with self._lock, open(self.path, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
 
     def read(self) -> Iterator[DeadLetter]:
         """Yield every record stored so far."""
@@ -80,6 +82,4 @@ class DeadLetterStore:
                     yield DeadLetter(**json.loads(line))
 
     def close(self) -> None:
-        """Close the file."""
-        with self._lock:
-            self._fh.close()
+        """Nothing to release: the file is opened per write."""

@@ -1,0 +1,64 @@
+"""Shared fixtures: a manual clock, JSONL inputs and pipelines wired for tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamrag.chunking import TokenSplitter
+from streamrag.embed.base import Embedder
+from streamrag.index import ExactIndex
+from streamrag.ingest import DeadLetterStore
+from streamrag.runtime import Pipeline
+from streamrag.sources import JsonlSource
+from streamrag.testing import CountingEmbedder, FakeEmbedder, ManualClock, ScriptedSource
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000_000_000)
+
+
+@pytest.fixture
+def jsonl(tmp_path: Path) -> Callable[..., Path]:
+    """Append lines to a JSONL file (created on first use) and return its path."""
+    path = tmp_path / "changes.jsonl"
+
+    def write(*lines: str, name: str | None = None) -> Path:
+        target = tmp_path / name if name else path
+        with open(target, "a", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(line + "\n")
+        return target
+
+    return write
+
+
+PipelineFactory = Callable[..., Pipeline]
+
+
+@pytest.fixture
+def pipeline_factory(tmp_path: Path, clock: ManualClock) -> PipelineFactory:
+    """Build a pipeline over a source with the fake embedder and a manual clock."""
+
+    def build(
+        source: JsonlSource | ScriptedSource,
+        *,
+        embedder: Embedder | None = None,
+        **kwargs: Any,
+    ) -> Pipeline:
+        emb = embedder or CountingEmbedder(FakeEmbedder())
+        kwargs.setdefault("splitter", TokenSplitter(max_tokens=32, overlap_tokens=4))
+        return Pipeline(
+            source=source,
+            embedder=emb,
+            index=ExactIndex(emb.dim, initial_capacity=4, clock=clock),
+            dead_letters=DeadLetterStore(tmp_path / "dead.jsonl", truncate=True),
+            clock=clock,
+            **kwargs,
+        )
+
+    return build

@@ -1,0 +1,262 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamrag.chunking import TokenSplitter
+from streamrag.errors import EmbedderError
+from streamrag.index import SearchFilter
+from streamrag.runtime import Pipeline
+from streamrag.sources import JsonlSource
+from streamrag.testing import (
+    EOF,
+    CountingEmbedder,
+    FakeEmbedder,
+    ListSink,
+    ManualClock,
+    ScriptedSource,
+    change_line,
+)
+from tests.conftest import PipelineFactory
+
+T0 = "2024-01-01T00:00:00Z"
+T1 = "2024-01-02T00:00:00Z"
+T2 = "2024-01-03T00:00:00Z"
+
+
+def _texts(p: Pipeline, query: str, k: int = 10, **flt: object) -> list[str]:
+    vec = p.embedder.embed_many([query])
+    _, hits = p.index.search_many(vec, k, SearchFilter(**flt))  # type: ignore[arg-type]
+    return [h.text for h in hits[0]]
+
+
+def test_micro_batches_commit_at_size_or_deadline(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    src = ScriptedSource()
+    sink = ListSink()
+    p = pipeline_factory(src, max_batch_size=3, max_delay_ms=20, on_commit=[sink.on_commit])
+    src.push(*(change_line(f"d{i}", T0, f"text {i}") for i in range(4)))
+    p.step()  # reads 4: one full batch of 3 commits at once
+    assert sink.epochs == [1]
+    assert p.batcher.pending == 1
+    clock.advance_ms(19)
+    assert not p.step()
+    assert sink.epochs == [1]
+    clock.advance_ms(1)
+    assert p.step()
+    assert sink.epochs == [1, 2]
+    assert p.stats.last_freshness_us == 20_000
+    assert [len(b.docs) for b, _ in sink.commits] == [3, 1]
+
+
+def test_update_replaces_delete_removes_late_older_is_ignored(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    src = ScriptedSource()
+    p = pipeline_factory(src)
+    src.push(
+        change_line("a", T0, "the old wording about invoices"),
+        change_line("b", T0, "shipping times for parcels"),
+    )
+    p.run_until_caught_up()
+    src.push(change_line("a", T1, "the new wording about refunds"))
+    p.run_until_caught_up()
+    a, b = frozenset({"a"}), frozenset({"b"})
+    assert _texts(p, "old wording invoices", doc_ids=a) == ["the new wording about refunds"]
+    src.push(change_line("a", T0, "a stale draft about wording"))  # older, arrives late
+    p.run_until_caught_up()
+    assert _texts(p, "stale draft", doc_ids=a) == ["the new wording about refunds"]
+    assert _texts(p, "shipping parcels", doc_ids=b) == ["shipping times for parcels"]
+    src.push(change_line("b", T2, op="delete"))
+    p.run_until_caught_up()
+    assert _texts(p, "shipping parcels", doc_ids=b) == []
+    src.push(change_line("b", T1, "resurrected parcels"))  # older than the delete
+    p.run_until_caught_up()
+    assert _texts(p, "parcels", doc_ids=b) == []
+    assert _texts(p, "parcels") == ["the new wording about refunds"]
+    assert p.stats.applied == p.stats.ingested == 6
+    assert p.stats.stale == 2
+
+
+def test_unchanged_chunks_are_not_embedded_again(pipeline_factory: PipelineFactory) -> None:
+    src = ScriptedSource()
+    emb = CountingEmbedder(FakeEmbedder())
+    p = pipeline_factory(src, embedder=emb, splitter=TokenSplitter(max_tokens=4, overlap_tokens=0))
+    v1 = "alpha beta gamma\n\ndelta epsilon zeta\n\neta theta iota"
+    v2 = "alpha beta gamma\n\ndelta CHANGED zeta\n\neta theta iota"
+    src.push(change_line("doc", T0, v1))
+    p.run_until_caught_up()
+    assert len(emb.texts) == 3
+    src.push(change_line("doc", T1, v2))
+    p.run_until_caught_up()
+    assert emb.texts[3:] == ["delta CHANGED zeta"]  # only the edited paragraph
+    assert p.stats.chunks_reused == 2
+    _, hits = p.index.search_many(p.embedder.embed_many(["eta theta iota"]), 1, SearchFilter())
+    assert hits[0][0].text == "eta theta iota"
+    assert hits[0][0].score == pytest.approx(1.0)
+    assert hits[0][0].event_time > 0
+    assert sorted(
+        h.position
+        for h in p.index.search_many(p.embedder.embed_many(["alpha"]), 5, SearchFilter())[1][0]
+    ) == [0, 1, 2]
+
+
+def test_bad_lines_are_dead_lettered_and_counted(
+    pipeline_factory: PipelineFactory,
+    jsonl,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    path = jsonl(
+        change_line("a", T0, "good one"),
+        "{not json",
+        json.dumps({"doc_id": "b", "event_time": T0}),
+        change_line("c", "2024-01-01", "naive time"),
+        change_line("d", T0, "good two"),
+    )
+    p = pipeline_factory(JsonlSource(path))
+    p.run_until_caught_up()
+    letters = list(p.dead_letters.read())
+    assert [(d.offset, d.stage) for d in letters] == [
+        (len(change_line("a", T0, "good one")) + 1, "decode"),
+        (letters[1].offset, "decode"),
+        (letters[2].offset, "decode"),
+    ]
+    assert "not a JSON object" in letters[0].reason
+    assert "non-empty 'text'" in letters[1].reason
+    assert "no time zone" in letters[2].reason
+    assert letters[0].raw == "{not json"
+    st = p.stats
+    assert (st.ingested, st.applied, st.dead_lettered) == (5, 2, 3)
+    assert st.ingested == st.applied + st.dead_lettered + p.batcher.pending
+
+
+def test_a_full_batcher_pushes_back_on_the_source(pipeline_factory: PipelineFactory) -> None:
+    src = ScriptedSource()
+    p = pipeline_factory(src, max_batch_size=2, max_delay_ms=1000, max_read_bytes=1)
+    src.push(*(change_line(f"d{i}", T0, "x") for i in range(10)))
+    assert p.poll() == 1
+    assert p.poll() == 1
+    assert p.batcher.full
+    assert p.poll() == 0  # the source is not read while a full batch waits
+    assert p.reader.backlog_bytes() > 0
+
+
+class FlakyEmbedder(FakeEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fail = True
+
+    def embed_many(self, texts):  # type: ignore[no-untyped-def]
+        if self.fail:
+            raise TimeoutError("embedding service timed out")
+        return super().embed_many(texts)
+
+
+def test_embedder_failure_keeps_the_batch_pending(pipeline_factory: PipelineFactory) -> None:
+    src = ScriptedSource()
+    emb = FlakyEmbedder()
+    p = pipeline_factory(src, embedder=emb, max_delay_ms=0)
+    src.push(change_line("a", T0, "hello world"))
+    with pytest.raises(EmbedderError, match="TimeoutError: embedding service timed out"):
+        p.step()
+    assert p.batcher.pending == 1
+    assert p.index.epoch == 0
+    emb.fail = False
+    p.step()
+    assert p.index.epoch == 1
+    assert p.stats.applied == 1
+
+
+class BrokenSplitter(TokenSplitter):
+    def split(self, text: str) -> list[str]:
+        if "poison" in text:
+            raise RuntimeError("cannot split this")
+        return super().split(text)
+
+
+def test_a_stage_error_dead_letters_one_record_not_the_batch(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    src = ScriptedSource()
+    p = pipeline_factory(src, splitter=BrokenSplitter())
+    src.push(change_line("a", T0, "fine text"), change_line("b", T0, "poison pill"))
+    p.run_until_caught_up()
+    assert _texts(p, "fine text") == ["fine text"]
+    letters = list(p.dead_letters.read())
+    assert [(x.stage, x.offset) for x in letters] == [("chunk", 1)]
+    assert "cannot split this" in letters[0].reason
+    assert (p.stats.applied, p.stats.dead_lettered) == (1, 1)
+
+
+def _index_state(p: Pipeline) -> list[tuple[str, int, str, int, bytes]]:
+    snap = p.index.pin()
+    c = snap.cols
+    rows = np.flatnonzero(snap.alive)
+    return sorted(
+        (
+            c.doc_ids[r],
+            int(c.positions[r]),
+            c.texts[r],
+            int(c.event_times[r]),
+            c.vectors[r].tobytes(),
+        )
+        for r in rows
+    )
+
+
+def test_stream_equals_batch_whatever_the_arrival_order(tmp_path: Path, clock: ManualClock) -> None:
+    rng = random.Random(7)
+    lines = []
+    for i in range(300):
+        doc = f"doc{rng.randrange(60)}"
+        t = f"2024-02-{1 + rng.randrange(28):02d}T{rng.randrange(24):02d}:00:00Z"
+        if rng.random() < 0.15:
+            lines.append(change_line(doc, t, op="delete"))
+        else:
+            words = " ".join(f"w{rng.randrange(500)}" for _ in range(rng.randrange(5, 60)))
+            lines.append(change_line(doc, t, words, domain=rng.choice(["a", "b"])))
+    # Distinct versions per document, so the outcome cannot depend on offsets.
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for line in lines:
+        rec = json.loads(line)
+        if (rec["doc_id"], rec["event_time"]) not in seen:
+            seen.add((rec["doc_id"], rec["event_time"]))
+            unique.append(line)
+
+    def build(order: list[str], batch: int) -> Pipeline:
+        src = ScriptedSource()
+        from streamrag.index import ExactIndex
+        from streamrag.ingest import DeadLetterStore
+
+        emb = FakeEmbedder()
+        p = Pipeline(
+            source=src,
+            embedder=emb,
+            index=ExactIndex(emb.dim),
+            clock=clock,
+            dead_letters=DeadLetterStore(tmp_path / f"dl{batch}.jsonl", truncate=True),
+            splitter=TokenSplitter(max_tokens=16, overlap_tokens=4),
+            max_batch_size=batch,
+            max_read_bytes=200,
+        )
+        for line in order:
+            src.push(line)
+            p.step()
+        src.push(EOF)
+        p.run_until_caught_up()
+        p.close()
+        return p
+
+    batch_run = build(sorted(unique, key=lambda ln: json.loads(ln)["event_time"]), 10_000)
+    shuffled = unique[:]
+    rng.shuffle(shuffled)
+    live_run = build(shuffled, 7)
+    assert live_run.index.epoch > batch_run.index.epoch
+    assert _index_state(live_run) == _index_state(batch_run)
+    assert len(_index_state(batch_run)) > 20

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamrag.config import load_settings
+from streamrag.errors import ConfigError
+
+
+def test_defaults() -> None:
+    s = load_settings(environ={})
+    assert s.batcher.max_delay_ms == 20
+    assert s.embedder.class_ == "minilm"
+    assert s.dead_letter_path == Path(".streamrag/deadletter.jsonl")
+
+
+def test_precedence_args_over_env_over_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "batcher:\n  max_delay_ms: 5\n  max_batch_size: 7\nserve:\n  port: 9000\n"
+        "embedder:\n  class: hashing\n  args: {dim: 32}\n"
+    )
+    env = {"STREAMRAG_BATCHER__MAX_DELAY_MS": "50", "STREAMRAG_SERVE__PORT": "9100", "OTHER": "x"}
+    s = load_settings(cfg, overrides={"serve.port": 9200}, environ=env)
+    assert s.batcher.max_batch_size == 7  # file
+    assert s.batcher.max_delay_ms == 50  # env beats file
+    assert s.serve.port == 9200  # argument beats env
+    assert s.embedder.class_ == "hashing"
+    assert s.embedder.args == {"dim": 32}
+
+
+def test_env_values_are_yaml() -> None:
+    s = load_settings(environ={"STREAMRAG_EMBEDDER__ARGS": "{dim: 16}"})
+    assert s.embedder.args == {"dim": 16}
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings(environ={})
+    with pytest.raises(ValueError, match="frozen"):
+        s.batcher.max_delay_ms = 1  # type: ignore[misc]
+
+
+def test_bad_value_names_key_value_and_origin() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(environ={"STREAMRAG_SERVE__PORT": "http"})
+    msg = str(err.value)
+    assert "serve.port" in msg
+    assert "'http'" in msg
+    assert "STREAMRAG_SERVE__PORT" in msg
+
+
+def test_out_of_range_value_from_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("batcher:\n  max_batch_size: 0\n")
+    with pytest.raises(ConfigError, match=r"batcher.max_batch_size' = 0 \(from file .*c.yaml\)"):
+        load_settings(cfg, environ={})
+
+
+def test_unknown_key_suggests_the_right_one() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'max_delay_ms'"):
+        load_settings(overrides={"batcher.max_delay": 3}, environ={})
+
+
+def test_missing_or_invalid_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_settings(bad, environ={})
