@@ -22,7 +22,7 @@ embedder pushes back on the sources.
 (False, 20000)
 >>> clock.advance_ms(20); b.due()
 True
->>> len(b.take()), b.pending
+>>> len(b.take().changes), b.pending
 (1, 0)
 """
 

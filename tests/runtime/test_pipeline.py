@@ -212,7 +212,7 @@ def _index_state(p: Pipeline) -> list[tuple[str, int, str, int, bytes]]:
 def test_stream_equals_batch_whatever_the_arrival_order(tmp_path: Path, clock: ManualClock) -> None:
     rng = random.Random(7)
     lines = []
-    for i in range(300):
+    for _ in range(300):
         doc = f"doc{rng.randrange(60)}"
         t = f"2024-02-{1 + rng.randrange(28):02d}T{rng.randrange(24):02d}:00:00Z"
         if rng.random() < 0.15:

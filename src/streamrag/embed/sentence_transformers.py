@@ -93,7 +93,7 @@ class SentenceTransformerEmbedder:
                     "Pass the path of a local model folder."
                 )
                 raise EmbedderError(msg) from None
-        got = model.get_sentence_embedding_dimension()
+        got = model.get_embedding_dimension()
         if got != self._dim:
             msg = f"model {self.model_name!r} makes {got}-dimensional vectors; set args.dim={got}"
             raise EmbedderError(msg)

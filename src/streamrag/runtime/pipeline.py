@@ -14,7 +14,7 @@ thread for a live job.
 
 Accounting (invariant 4, nothing lost): every record read is either applied
 (committed, or found stale by last-writer-wins), dead-lettered with its reason,
-or still pending — ``ingested == applied + dead_lettered + pending``.
+or not yet committed — ``ingested == applied + dead_lettered + uncommitted``.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class Pipeline:
         self.metrics = metrics or Metrics()
         self.on_commit = list(on_commit)
         self.stats = PipelineStats()
+        self._in_flight = 0
 
     # -- the loop body ---------------------------------------------------------
 
@@ -151,9 +152,14 @@ class Pipeline:
         self.flush(force=True)
 
     @property
+    def uncommitted(self) -> int:
+        """Changes read but not yet committed: waiting in the batcher or being embedded."""
+        return self.batcher.pending + self._in_flight
+
+    @property
     def caught_up(self) -> bool:
-        """True when nothing is pending and the source has no unread bytes."""
-        return self.batcher.pending == 0 and self.reader.backlog_bytes() == 0
+        """True when every change read is committed and the source has no unread bytes."""
+        return self.uncommitted == 0 and self.reader.backlog_bytes() == 0
 
     def close(self) -> None:
         """Commit what is pending and release the source and the dead-letter file."""
@@ -166,6 +172,13 @@ class Pipeline:
     # -- one micro-batch -------------------------------------------------------
 
     def _commit(self, pending: PendingBatch) -> None:
+        self._in_flight = len(pending.changes)
+        try:
+            self._apply(pending)
+        finally:
+            self._in_flight = 0
+
+    def _apply(self, pending: PendingBatch) -> None:
         changes = pending.changes
         tenants, doc_ids = changes.tenants, changes.doc_ids
         times = changes.event_times.tolist()
@@ -275,6 +288,7 @@ class Pipeline:
             embedder_version=self.embedder.version,
         )
         result = index.commit(batch)
+        self._in_flight = 0
         now = self.clock.now_us()
         self._dead_letter(letters)
         st = self.stats

@@ -115,7 +115,7 @@ class Service:
         idx = self.index.stats()
         now = self.clock.now_us()
         wm = self.pipeline.watermark.watermark
-        pending = self.pipeline.batcher.pending
+        pending = self.pipeline.uncommitted
         body: dict[str, Any] = {
             "epoch": idx.epoch,
             "watermark": None if wm == MIN_TIMESTAMP else format_timestamp(wm),

@@ -25,5 +25,7 @@ def serve_forever(service: Service, *, host: str, port: int, log_level: str = "w
     server = uvicorn.Server(config)
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown; ours follows
     finally:
         service.stop()

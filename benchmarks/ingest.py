@@ -1,0 +1,166 @@
+"""In-process ingest throughput: the raw embedder against the whole pipeline.
+
+Run as its own process (so that its peak RSS is its own, and torch stays out of
+the parent)::
+
+    python benchmarks/ingest.py --jsonl changes.jsonl --embedder hashing --repeats 3
+
+Each repeat first embeds the texts of every upsert with a fresh embedder in
+batches of ``--batch`` (docs/s), then replays the file through a fresh
+:class:`~streamrag.runtime.service.Service` with ``run_until_caught_up``
+(changes/s). Embedder models are loaded before the clock starts. One JSON object
+is printed on stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from streamrag.config import load_settings
+from streamrag.embed.base import Embedder, build_embedder
+from streamrag.runtime.service import Service
+
+
+def proc_status_kib(pid: int | str = "self") -> dict[str, int]:
+    """``VmRSS``/``VmHWM`` (KiB) of a process from ``/proc/<pid>/status``."""
+    out: dict[str, int] = {}
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def read_upsert_texts(path: Path) -> tuple[list[str], int]:
+    """Texts of the upserts in a JSONL change file, and the number of lines."""
+    texts: list[str] = []
+    n = 0
+    dec = msgspec.json.Decoder()
+    with path.open("rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            n += 1
+            rec = dec.decode(line)
+            if rec.get("op", "upsert") == "upsert" and rec.get("text"):
+                texts.append(rec["text"].strip())
+    return texts, n
+
+
+def _embedder(name: str, dim: int) -> Embedder:
+    args = {"dim": dim} if name == "hashing" else {}
+    emb = build_embedder(name, args)
+    load = getattr(emb, "load", None)
+    if callable(load):
+        load()
+    return emb
+
+
+def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
+    """Seconds for a fresh embedder to embed ``texts`` in batches of ``batch``."""
+    emb = _embedder(name, dim)
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        emb.embed_many(texts[i : i + batch])
+    return time.perf_counter() - started
+
+
+def time_pipeline(
+    name: str, dim: int, jsonl: Path, batch: int, state: Path
+) -> tuple[float, dict[str, Any]]:
+    """Seconds for a fresh Service to replay ``jsonl``, and its status counts."""
+    overrides: dict[str, Any] = {
+        "embedder.class": name,
+        "source.path": str(jsonl),
+        "state_dir": str(state),
+        "batcher.max_batch_size": batch,
+    }
+    if name == "hashing":
+        overrides["embedder.args"] = {"dim": dim}
+    service = Service(load_settings(overrides=overrides, environ={}))
+    load = getattr(service.embedder, "load", None)
+    if callable(load):
+        load()
+    started = time.perf_counter()
+    service.pipeline.run_until_caught_up()
+    elapsed = time.perf_counter() - started
+    body = service.status().body
+    service.pipeline.close()
+    return elapsed, {"counts": body["counts"], "index": body["index"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the repeats and print the JSON result."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jsonl", type=Path, required=True)
+    p.add_argument("--embedder", default="hashing", help="hashing | minilm")
+    p.add_argument("--dim", type=int, default=384)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--label", default="")
+    a = p.parse_args(argv)
+    tag = f"[ingest {a.label or a.embedder}]"
+
+    texts, lines = read_upsert_texts(a.jsonl)
+    if a.embedder != "hashing":
+        print(f"{tag} loading {a.embedder} …", file=sys.stderr, flush=True)
+        _embedder(a.embedder, a.dim)  # import and warm the model files once
+    gc.collect()
+    baseline = proc_status_kib()
+    raw_s: list[float] = []
+    pipe_s: list[float] = []
+    counts: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="streamrag-bench-") as tmp:
+        for r in range(a.repeats):
+            raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
+            gc.collect()
+            elapsed, counts = time_pipeline(
+                a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}"
+            )
+            pipe_s.append(elapsed)
+            gc.collect()
+            print(
+                f"{tag} repeat {r + 1}/{a.repeats}: embedder {len(texts) / raw_s[-1]:,.0f} docs/s, "
+                f"pipeline {lines / pipe_s[-1]:,.0f} changes/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    peak = proc_status_kib()
+    best_raw = len(texts) / min(raw_s)
+    best_pipe = lines / min(pipe_s)
+    result = {
+        "embedder": a.embedder,
+        "changes": lines,
+        "texts": len(texts),
+        "batch": a.batch,
+        "repeats": a.repeats,
+        "embedder_seconds": raw_s,
+        "pipeline_seconds": pipe_s,
+        "embedder_docs_per_s": best_raw,
+        "pipeline_changes_per_s": best_pipe,
+        "pipeline_texts_per_s": len(texts) / min(pipe_s),
+        # Same texts embedded both ways: the ratio of times is the pipeline's efficiency.
+        "ratio": min(raw_s) / min(pipe_s),
+        "final": counts,
+        "rss_baseline_mib": baseline.get("VmRSS", 0) / 1024,
+        "peak_rss_mib": peak.get("VmHWM", 0) / 1024,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

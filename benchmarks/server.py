@@ -1,0 +1,121 @@
+"""Start a ``streamrag run`` server as a subprocess on a free local port, and stop it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+__all__ = ["ServerProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _streamrag_command() -> list[str]:
+    exe = Path(sys.executable).parent / "streamrag"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-m", "streamrag"]
+
+
+class ServerProcess:
+    """One ``streamrag run CONFIG --port N`` subprocess with its config in ``workdir``."""
+
+    def __init__(self, workdir: Path, source: Path, settings: dict[str, Any]) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config: dict[str, Any] = {
+            "state_dir": str(workdir / "state"),
+            "source": {"path": str(source)},
+            "serve": {"host": "127.0.0.1"},
+        }
+        for dotted, value in settings.items():
+            node = config
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        self.config_path = workdir / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / "server.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        """Launch the server (it ingests its source before it starts serving)."""
+        env = dict(os.environ, HF_HUB_OFFLINE="1")
+        cmd = [*_streamrag_command(), "run", str(self.config_path), "--port", str(self.port)]
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.started_at = time.perf_counter()
+
+    @property
+    def pid(self) -> int:
+        """Process id of the server."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_tail(self, n: int = 2000) -> str:
+        """The end of the server's output."""
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def status(self, client: httpx.Client) -> dict[str, Any]:
+        """``GET /v1/status``."""
+        resp = client.get(f"{self.url}/v1/status")
+        resp.raise_for_status()
+        body: dict[str, Any] = resp.json()
+        return body
+
+    def wait_caught_up(self, client: httpx.Client, expect_ingested: int, timeout: float) -> float:
+        """Wait until the server answers and has nothing pending; return seconds since start."""
+        deadline = time.perf_counter() + timeout
+        while True:
+            if self.proc is not None and self.proc.poll() is not None:
+                msg = f"server exited with {self.proc.returncode}:\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            if time.perf_counter() > deadline:
+                msg = f"server not caught up after {timeout:.0f} s:\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            try:
+                st = self.status(client)
+            except httpx.HTTPError:
+                time.sleep(0.05)
+                continue
+            if (
+                st["counts"]["pending"] == 0
+                and st["ingest_lag"]["backlog_bytes"] == 0
+                and st["counts"]["ingested"] >= expect_ingested
+            ):
+                return time.perf_counter() - self.started_at
+            time.sleep(0.02)
+
+    def stop(self) -> int | None:
+        """SIGTERM the server (by pid), SIGKILL it if it lingers; return its exit code."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            return proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            return proc.wait(timeout=15)

@@ -1,0 +1,67 @@
+"""Every registered embedder goes through the same checks."""
+
+from __future__ import annotations
+
+import pickle
+from functools import cache
+
+import numpy as np
+import pytest
+
+from streamrag.embed import REGISTRY, build_embedder
+from streamrag.embed.base import Embedder
+from streamrag.testing import CountingEmbedder, FakeEmbedder
+
+TEXTS = ["How do I rotate the database password?", "Parental leave in Spain", "", "ünïcödé"]
+
+
+@cache
+def _registered(name: str) -> Embedder:
+    return build_embedder(name)
+
+
+def _embedders() -> list[object]:
+    out: list[object] = [
+        pytest.param(FakeEmbedder, id="fake"),
+        pytest.param(lambda: CountingEmbedder(), id="counting"),
+    ]
+    for name in sorted(set(REGISTRY.values())):
+        marks = [pytest.mark.slow] if "sentence_transformers" in name else []
+        out.append(pytest.param(lambda n=name: _registered(n), id=name, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("make", _embedders())
+def test_embedder_contract(make) -> None:  # type: ignore[no-untyped-def]
+    emb = make()
+    assert type(emb).__doc__
+    assert isinstance(emb.version, str)
+    assert emb.version
+    inputs = list(TEXTS)
+    a = emb.embed_many(inputs)
+    assert inputs == TEXTS  # the input is not mutated
+    assert a.dtype == np.float32
+    assert a.shape == (len(TEXTS), emb.dim)
+    assert np.isfinite(a).all()
+    norms = np.linalg.norm(a, axis=1)
+    assert np.all((np.abs(norms - 1) < 1e-3) | (norms == 0))
+    np.testing.assert_allclose(emb.embed_many(inputs), a, atol=1e-5)  # deterministic
+    one = emb.embed_many(TEXTS[:1])
+    np.testing.assert_allclose(one[0], a[0], atol=1e-5)  # batching does not change vectors
+    assert emb.embed_many([]).shape == (0, emb.dim)
+
+
+def test_hashing_embedder_pickles() -> None:
+    emb = _registered("streamrag.embed.hashing:HashingEmbedder")
+    clone = pickle.loads(pickle.dumps(emb))
+    np.testing.assert_array_equal(clone.embed_many(TEXTS), emb.embed_many(TEXTS))
+
+
+@pytest.mark.slow
+def test_minilm_ranks_by_meaning_offline() -> None:
+    emb = _registered("streamrag.embed.sentence_transformers:SentenceTransformerEmbedder")
+    q, near, far = emb.embed_many(
+        ["How can I change my login secret?", "Steps to reset your password", "Lunch menu today"]
+    )
+    assert q @ near > q @ far + 0.2  # no shared words, related meaning
+    assert emb.version == "sentence-transformers/all-MiniLM-L6-v2"

@@ -1,0 +1,140 @@
+"""streamrag as users run it: a process that tails a file and answers over HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamrag.testing import change_line
+from tests.e2e.conftest import Server, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _append(path: Path, *lines: str) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture
+def live(tmp_path: Path, start_server: Callable[..., Server]) -> tuple[Server, Path]:
+    data = tmp_path / "changes.jsonl"
+    _append(
+        data,
+        *(
+            change_line(f"seed-{i}", "2024-01-01T00:00:00Z", f"seed document {i}")
+            for i in range(50)
+        ),
+    )
+    cfg = tmp_path / "streamrag.yaml"
+    cfg.write_text(
+        f"source:\n  path: {data}\n  poll_interval_ms: 5\nstate_dir: {tmp_path / 'state'}\n"
+        "embedder:\n  class: hashing\nbatcher:\n  max_delay_ms: 20\n"
+    )
+    server = start_server("run", str(cfg))
+    server.wait_ready()
+    wait_for(lambda: server.status()["counts"]["applied"] == 50, 30, "the seed documents")
+    return server, data
+
+
+def _docs(server: Server, query: str, doc_id: str) -> list[str]:
+    return [
+        r["text"] for r in server.retrieve(query=query, k=5, filters={"doc_id": doc_id})["results"]
+    ]
+
+
+def test_appended_changes_become_searchable(live: tuple[Server, Path]) -> None:
+    server, data = live
+    epoch = server.status()["epoch"]
+    _append(data, change_line("new-1", "2024-02-01T00:00:00Z", "zebra migration handbook"))
+    hit = wait_for(lambda: _docs(server, "zebra migration", "new-1"), 10, "the new document")
+    assert hit == ["zebra migration handbook"]
+    assert server.status()["epoch"] > epoch
+
+    # An update replaces the old text; an older version arriving late changes nothing.
+    _append(data, change_line("new-1", "2024-03-01T00:00:00Z", "giraffe migration handbook"))
+    wait_for(
+        lambda: _docs(server, "x", "new-1") == ["giraffe migration handbook"], 10, "the update"
+    )
+    _append(
+        data,
+        change_line("new-1", "2024-01-15T00:00:00Z", "stale zebra draft"),
+        change_line("marker", "2024-03-02T00:00:00Z", "marker after the stale draft"),
+    )
+    wait_for(lambda: _docs(server, "marker", "marker"), 10, "the marker")
+    assert _docs(server, "zebra", "new-1") == ["giraffe migration handbook"]
+
+    # A delete removes the document.
+    _append(data, change_line("new-1", "2024-04-01T00:00:00Z", op="delete"))
+    wait_for(lambda: _docs(server, "giraffe", "new-1") == [], 10, "the delete")
+    status = server.status()
+    assert status["index"]["deleted_docs"] == 1
+    assert status["counts"]["stale"] >= 1
+    assert server.stop() == 0  # Ctrl-C shuts down cleanly
+
+
+def test_malformed_lines_go_to_the_dead_letter_store(
+    live: tuple[Server, Path], tmp_path: Path
+) -> None:
+    server, data = live
+    bad = [
+        "{oops",
+        json.dumps({"doc_id": "x", "event_time": "2024-01-01"}),
+        json.dumps({"doc_id": "y", "event_time": 1}),
+    ]
+    _append(data, *bad, change_line("after-bad", "2024-02-01T00:00:00Z", "still flowing"))
+    wait_for(lambda: _docs(server, "still flowing", "after-bad"), 10, "the line after bad ones")
+    status = server.status()
+    counts = status["counts"]
+    assert counts["dead_lettered"] == 3
+    assert counts["ingested"] == counts["applied"] + counts["dead_lettered"] + counts["pending"]
+    assert counts["ingested"] == 54
+    letters = [json.loads(x) for x in Path(status["dead_letter_path"]).read_text().splitlines()]
+    assert [d["raw"] for d in letters] == bad
+    assert all(d["source"] == str(data) and d["stage"] == "decode" for d in letters)
+    assert "not a JSON object" in letters[0]["reason"]
+    assert "no time zone" in letters[1]["reason"]
+    assert "non-empty 'text'" in letters[2]["reason"]
+    offsets = [d["offset"] for d in letters]
+    raw = data.read_bytes()
+    assert [raw[o : raw.index(b"\n", o)].decode() for o in offsets] == bad
+    metrics = server.http.get("/metrics").text
+    assert 'streamrag_dead_letters_total{stage="decode"} 3.0' in metrics
+
+
+def test_cli_query_and_status_talk_to_the_server(live: tuple[Server, Path]) -> None:
+    import subprocess
+    import sys
+
+    server, _ = live
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrag",
+            "query",
+            "seed document 7",
+            "-k",
+            "2",
+            "--url",
+            server.url,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    body = json.loads(out)
+    assert body["results"][0]["doc_id"] == "seed-7"
+    status = subprocess.run(
+        [sys.executable, "-m", "streamrag", "status", "--url", server.url],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert json.loads(status)["counts"]["applied"] == 50

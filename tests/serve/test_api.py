@@ -1,0 +1,181 @@
+"""The HTTP API in-process (Starlette's TestClient runs the app's lifespan)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from streamrag.config import load_settings
+from streamrag.runtime.service import Service
+from streamrag.serve import create_app
+from streamrag.testing import FakeEmbedder, ManualClock, change_line
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Service:
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                change_line(
+                    "runbook-1",
+                    "2024-01-01T00:00:00Z",
+                    "rotate the database password",
+                    domain="ops",
+                ),
+                change_line(
+                    "faq-1",
+                    "2024-03-01T00:00:00Z",
+                    "the database is backed up nightly",
+                    domain="it",
+                ),
+                change_line(
+                    "hr-1",
+                    "2024-03-02T00:00:00Z",
+                    "parental leave policy",
+                    domain="hr",
+                    tenant="acme",
+                ),
+                "garbage",
+            ]
+        )
+        + "\n"
+    )
+    settings = load_settings(
+        overrides={
+            "source.path": str(path),
+            "state_dir": str(tmp_path / "state"),
+            "embedder.class": "hashing",
+            "serve.max_k": 20,
+        },
+        environ={},
+    )
+    svc = Service(settings, embedder=FakeEmbedder(), clock=ManualClock(1_800_000_000_000_000))
+    svc.pipeline.run_until_caught_up()
+    return svc
+
+
+@pytest.fixture
+def client(service: Service) -> Iterator[TestClient]:
+    with TestClient(create_app(service, manage_service=False)) as c:
+        yield c
+
+
+def test_retrieve_returns_scored_chunks_from_one_epoch(client: TestClient) -> None:
+    r = client.post("/v1/retrieve", json={"query": "database password", "k": 2})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["epoch"] == 1
+    assert [x["doc_id"] for x in body["results"]] == ["runbook-1", "faq-1"]
+    top = body["results"][0]
+    assert top["score"] > body["results"][1]["score"]
+    assert top["event_time"] == "2024-01-01T00:00:00Z"
+    assert top["domain"] == "ops"
+    assert top["epoch"] == 1
+    assert top["source"].endswith("in.jsonl")
+    assert top["offset"] == 0
+    assert len(top["chunk_id"]) == 16
+    assert top["embedder"].startswith("hashing")
+
+
+def test_filters_and_time_range(client: TestClient) -> None:
+    def ids(body: dict) -> list[str]:  # type: ignore[type-arg]
+        r = client.post("/v1/retrieve", json=body)
+        assert r.status_code == 200, r.text
+        return [x["doc_id"] for x in r.json()["results"]]
+
+    assert ids({"query": "database", "filters": {"domain": "it"}}) == ["faq-1"]
+    assert ids({"query": "database", "filters": {"domain": ["it", "ops"]}}) == [
+        "runbook-1",
+        "faq-1",
+    ]
+    assert ids({"query": "database", "time_range": {"start": "2024-02-01T00:00:00Z"}}) == ["faq-1"]
+    assert ids({"query": "database", "time_range": {"end": 1706745600}}) == ["runbook-1"]
+    assert "hr-1" not in ids({"query": "leave"})  # another tenant's document
+    assert ids({"query": "leave", "filters": {"tenant": "acme"}}) == ["hr-1"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "hint"),
+    [
+        ({"query": ""}, 422, "query"),
+        ({"query": "x", "k": 0}, 422, "k"),
+        ({"query": "x", "k": 21}, 400, "serve.max_k=20"),
+        ({"query": "x", "filters": {"colour": "red"}}, 422, "colour"),
+        ({"query": "x", "time_range": {"start": "2024-01-01"}}, 422, "no time zone"),
+        ({"query": "x", "time_range": {"start": 10, "end": 5}}, 400, "time_range is empty"),
+    ],
+)
+def test_bad_requests_say_what_to_fix(
+    client: TestClient,
+    body: dict,
+    status: int,  # type: ignore[type-arg]
+    hint: str,
+) -> None:
+    r = client.post("/v1/retrieve", json=body)
+    assert r.status_code == status
+    assert hint in r.text
+
+
+def test_status_counts_add_up(client: TestClient) -> None:
+    body = client.get("/v1/status").json()
+    assert body["epoch"] == 1
+    c = body["counts"]
+    assert (c["ingested"], c["applied"], c["dead_lettered"], c["pending"]) == (4, 3, 1, 0)
+    assert c["ingested"] == c["applied"] + c["dead_lettered"] + c["pending"]
+    assert body["watermark"] == "2024-03-01T23:59:59.999999Z"
+    assert body["index"] == {"live_docs": 3, "live_chunks": 3, "deleted_docs": 0}
+    assert body["ingest_lag"]["backlog_bytes"] == 0
+    assert body["freshness"]["last_batch_ms"] == 0.0
+
+
+def test_metrics_and_health(client: TestClient) -> None:
+    client.post("/v1/retrieve", json={"query": "database"})
+    text = client.get("/metrics").text
+    assert "streamrag_changes_ingested_total 4.0" in text
+    assert 'streamrag_dead_letters_total{stage="decode"} 1.0' in text
+    assert "streamrag_index_epoch 1.0" in text
+    assert "streamrag_query_seconds_count 1.0" in text
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
+    import asyncio
+    import time
+
+    import httpx
+
+    calls: list[int] = []
+    original = service.retrieve_many
+
+    def spy(queries, k, flt):  # type: ignore[no-untyped-def]
+        if not calls:
+            # Hold the first batch until the other 24 requests are queued behind it.
+            deadline = time.monotonic() + 10
+            while app.state.batcher._queue.qsize() < 24 and time.monotonic() < deadline:
+                time.sleep(0.001)
+        calls.append(len(queries))
+        return original(queries, k, flt)
+
+    service.retrieve_many = spy  # type: ignore[method-assign]
+    app = create_app(service, manage_service=False)
+
+    async def main() -> list[str]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                rs = await asyncio.gather(
+                    *(
+                        c.post("/v1/retrieve", json={"query": q, "k": 1})
+                        for q in ["database password"] * 20 + ["parental leave"] * 5
+                    )
+                )
+        return [r.json()["results"][0]["doc_id"] for r in rs]
+
+    got = asyncio.run(main())
+    assert got[:20] == ["runbook-1"] * 20
+    assert "hr-1" not in got[20:]  # each request got its own answer, in its own tenant
+    assert calls == [1, 24]  # the 24 waiting requests shared one embedding call and one search
