@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from streamrag.config import load_settings
 from streamrag.embed.base import Embedder, build_embedder
+from streamrag.index.base import SearchFilter
 from streamrag.runtime.service import Service
 
 
@@ -80,8 +82,8 @@ def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
 
 def time_pipeline(
     name: str, dim: int, jsonl: Path, batch: int, state: Path
-) -> tuple[float, dict[str, Any]]:
-    """Seconds for a fresh Service to replay ``jsonl``, and its status counts."""
+) -> tuple[float, Service]:
+    """Seconds for a fresh Service to replay ``jsonl``, and the service."""
     overrides: dict[str, Any] = {
         "embedder.class": name,
         "source.path": str(jsonl),
@@ -97,9 +99,25 @@ def time_pipeline(
     started = time.perf_counter()
     service.pipeline.run_until_caught_up()
     elapsed = time.perf_counter() - started
-    body = service.status().body
     service.pipeline.close()
-    return elapsed, {"counts": body["counts"], "index": body["index"]}
+    return elapsed, service
+
+
+def time_search(service: Service, queries: list[str], k: int) -> dict[str, float]:
+    """In-process ``Service.retrieve_many`` latency for 1 and 16 queries per call (no HTTP)."""
+    flt = SearchFilter(tenant=service.settings.ingest.default_tenant)
+    out: dict[str, float] = {}
+    for size, calls in ((1, 200), (16, 50)):
+        times = []
+        for c in range(calls):
+            i = (c * size) % max(1, len(queries) - size)
+            t0 = time.perf_counter()
+            service.retrieve_many(queries[i : i + size], k, flt)
+            times.append(time.perf_counter() - t0)
+        ms = float(np.median(times) * 1000)
+        out[f"batch{size}_median_ms"] = ms
+        out[f"batch{size}_qps_bound"] = size / (ms / 1000)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--label", default="")
+    p.add_argument("--queries", type=Path, help="JSON list of queries: also time search")
+    p.add_argument("-k", type=int, default=5)
     a = p.parse_args(argv)
     tag = f"[ingest {a.label or a.embedder}]"
 
@@ -123,14 +143,21 @@ def main(argv: list[str] | None = None) -> int:
     raw_s: list[float] = []
     pipe_s: list[float] = []
     counts: dict[str, Any] = {}
+    search: dict[str, float] | None = None
     with tempfile.TemporaryDirectory(prefix="streamrag-bench-") as tmp:
         for r in range(a.repeats):
             raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
             gc.collect()
-            elapsed, counts = time_pipeline(
+            elapsed, service = time_pipeline(
                 a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}"
             )
             pipe_s.append(elapsed)
+            body = service.status().body
+            counts = {"counts": body["counts"], "index": body["index"]}
+            if a.queries is not None and r == a.repeats - 1:
+                search = time_search(service, json.loads(a.queries.read_text()), a.k)
+                print(f"{tag} in-process search: {search}", file=sys.stderr, flush=True)
+            del service
             gc.collect()
             print(
                 f"{tag} repeat {r + 1}/{a.repeats}: embedder {len(texts) / raw_s[-1]:,.0f} docs/s, "
@@ -155,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         # Same texts embedded both ways: the ratio of times is the pipeline's efficiency.
         "ratio": min(raw_s) / min(pipe_s),
         "final": counts,
+        "search": search,
         "rss_baseline_mib": baseline.get("VmRSS", 0) / 1024,
         "peak_rss_mib": peak.get("VmHWM", 0) / 1024,
     }

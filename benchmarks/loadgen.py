@@ -34,6 +34,7 @@ async def _worker(
     start_at: float,
     stop_at: float,
     lat: list[float],
+    took: list[float],
     errors: list[str],
 ) -> None:
     while True:
@@ -53,6 +54,7 @@ async def _worker(
             continue
         if ok:
             lat.append(t1 - t0)
+            took.append(float(json.loads(data)["took_ms"]))
         else:
             errors.append(data[:200].decode("utf-8", "replace"))
 
@@ -70,6 +72,7 @@ async def run_load(
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=30)
     lat: list[float] = []
+    took: list[float] = []
     errors: list[str] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         now = time.perf_counter()
@@ -85,6 +88,7 @@ async def run_load(
                     start_at,
                     stop_at,
                     lat,
+                    took,
                     errors,
                 )
                 for i in range(concurrency)
@@ -108,6 +112,8 @@ async def run_load(
             p99_ms=float(np.percentile(arr, 99)),
             max_ms=float(arr.max()),
             mean_ms=float(arr.mean()),
+            server_took_p50_ms=float(np.percentile(took, 50)),
+            server_took_p99_ms=float(np.percentile(took, 99)),
         )
     return out
 

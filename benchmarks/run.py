@@ -134,11 +134,18 @@ def run_json(cmd: list[str], timeout: float) -> dict[str, Any]:
 
 
 def ingest_bench(
-    jsonl: Path, embedder: str, repeats: int, label: str, timeout: float
+    jsonl: Path,
+    embedder: str,
+    repeats: int,
+    label: str,
+    timeout: float,
+    queries: Path | None = None,
 ) -> dict[str, Any]:
     """Embedder vs pipeline throughput, measured by benchmarks/ingest.py in its own process."""
     cmd = [sys.executable, str(HERE / "ingest.py"), "--jsonl", str(jsonl)]
     cmd += ["--embedder", embedder, "--repeats", str(repeats), "--label", label]
+    if queries is not None:
+        cmd += ["--queries", str(queries)]
     return run_json(cmd, timeout)
 
 
@@ -281,7 +288,13 @@ def loadgen(url: str, queries_file: Path, concurrency: int, p: Params) -> dict[s
 
 
 def server_section(
-    wl: Workload, pristine: Path, work: Path, p: Params, poll_ms: int | None, full: bool
+    wl: Workload,
+    pristine: Path,
+    qfile: Path,
+    work: Path,
+    p: Params,
+    poll_ms: int | None,
+    full: bool,
 ) -> dict[str, Any]:
     """Start a server over the workload; freshness, and with ``full`` load and recall."""
     section = f"server(poll={poll_ms or 'default'})"
@@ -320,8 +333,6 @@ def server_section(
             f = out["freshness"]
             log(section, f"freshness p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms")
             if full:
-                qfile = work / "queries.json"
-                qfile.write_text(json.dumps(wl.queries(1000, seed=11)))
                 loads = []
                 for c in p.concurrencies:
                     log(section, f"load at concurrency {c} for {p.load_duration_s:.0f} s")
@@ -428,6 +439,16 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             Row(sec, "pipeline / embedder (time ratio)", r["ratio"], "×", 0.8),
             Row(sec, "peak RSS of the ingest process", r["peak_rss_mib"], "MiB"),
         ]
+        se = r.get("search")
+        if se:
+            sec = (
+                f"in-process Service.retrieve_many, k={p.k} ({res['workload']['live_docs']:,} docs)"
+            )
+            rows += [
+                Row(sec, "1 query per call, median", se["batch1_median_ms"], "ms"),
+                Row(sec, "16 queries per call, median", se["batch16_median_ms"], "ms"),
+                Row(sec, "16 per call: QPS upper bound", se["batch16_qps_bound"], "QPS"),
+            ]
     srv = res.get("server")
     if srv:
         sec = "server (hashing)"
@@ -452,6 +473,8 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
                 Row(sec, "throughput", r["qps"], "QPS", 1000.0 if c == 16 else None),
                 Row(sec, "latency p50", r.get("p50_ms"), "ms"),
                 Row(sec, "latency p99", r.get("p99_ms"), "ms", 25.0 if c == 16 else None, False),
+                Row(sec, "server-side took_ms p50", r.get("server_took_p50_ms"), "ms"),
+                Row(sec, "server-side took_ms p99", r.get("server_took_p99_ms"), "ms"),
             ]
         rc = srv.get("recall")
         if rc:
@@ -480,7 +503,8 @@ def render_md(res: dict[str, Any], rows: list[Row]) -> str:
         "",
         f"Machine: {m['cpu_count']} cores, {m['cpu_model']}, {m['ram_gib']} GiB RAM; "
         f"Python {m['python']}, numpy {m['numpy']}; {m['platform']}; "
-        f"load average at start {m['loadavg_1m_at_start']}.",
+        f"1-min load average {m['loadavg_1m_at_start']:.2f} at start, "
+        f"{m.get('loadavg_1m_at_end', 0):.2f} at end (the machine is shared).",
         "",
         f"Workload: {w['n_docs']:,} synthetic documents of ~{w['words_per_doc']} words "
         f"(Zipf s={w['zipf_s']} over {w['vocab_size']:,} made-up words), {w['n_domains']} "
@@ -551,10 +575,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         log("workload", f"{len(wl.changes):,} changes, {size / 1e6:.1f} MB")
 
+        qfile = tmp / "queries.json"
+        qfile.write_text(json.dumps(wl.queries(1000, seed=11)))
         _section(
             res,
             "ingest_hashing",
-            lambda: ingest_bench(pristine, "hashing", p.repeats, "hashing", timeout=300),
+            lambda: ingest_bench(pristine, "hashing", p.repeats, "hashing", 300, qfile),
             "ingest(hashing)",
         )
         if not a.no_minilm:
@@ -569,18 +595,21 @@ def main(argv: list[str] | None = None) -> int:
         _section(
             res,
             "server",
-            lambda: server_section(wl, pristine, tmp / "srv-a", p, None, full=True),
+            lambda: server_section(wl, pristine, qfile, tmp / "srv-a", p, None, full=True),
             "server",
         )
         _section(
             res,
             "server_fast_poll",
-            lambda: server_section(wl, pristine, tmp / "srv-b", p, p.fast_poll_ms, full=False),
+            lambda: server_section(
+                wl, pristine, qfile, tmp / "srv-b", p, p.fast_poll_ms, full=False
+            ),
             "server(fast poll)",
         )
         _section(res, "tldr", lambda: tldr_section(tmp, p), "tldr")
 
     res["elapsed_s"] = time.perf_counter() - T0
+    res["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]
     rows = build_rows(res, p)
     res["table"] = [{**asdict(r), "met": r.met()} for r in rows]
     a.out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,9 @@ class SourceSettings(_Frozen):
         Path("changes.jsonl"), description="A JSONL file, or a directory of JSONL files."
     )
     glob: str = Field("*.jsonl", description="Which files of a directory to read.")
-    poll_interval_ms: int = Field(100, gt=0, description="How often to look for new data.")
+    poll_interval_ms: int = Field(
+        5, gt=0, description="How often an idle source looks for new data (bounds freshness)."
+    )
     max_read_bytes: int = Field(
         1 << 20, gt=0, description="At most this many bytes are read per poll (backpressure)."
     )
@@ -78,7 +80,9 @@ class IngestSettings(_Frozen):
     max_document_bytes: int = Field(
         1_000_000, gt=0, description="Larger records are dead-lettered."
     )
-    default_tenant: str = Field("default", min_length=1)
+    default_tenant: str = Field(
+        "default", min_length=1, description="Tenant of records that name none."
+    )
 
 
 class ChunkingSettings(_Frozen):
@@ -111,8 +115,8 @@ class EmbedderSettings(_Frozen):
 class IndexSettings(_Frozen):
     """The vector index."""
 
-    kind: Literal["exact"] = "exact"
-    initial_capacity: int = Field(1024, gt=0)
+    kind: Literal["exact"] = Field("exact", description="Index structure: exact search.")
+    initial_capacity: int = Field(1024, gt=0, description="Rows allocated up front; grows x2.")
 
 
 class EventTimeSettings(_Frozen):
@@ -126,8 +130,8 @@ class EventTimeSettings(_Frozen):
 class ServeSettings(_Frozen):
     """The HTTP API."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
     max_k: int = Field(100, gt=0, description="Largest k a query may ask for.")
 
 
@@ -269,3 +273,22 @@ def _known_keys(parent: str) -> list[str]:
             return []
         model = field.annotation
     return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def reference_markdown() -> str:
+    """The configuration reference as a Markdown table (the README embeds it; a test checks)."""
+    rows = ["| key | default | description |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = f"{prefix}{field.alias or name}"
+            ann = field.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, key + ".")
+                continue
+            default = field.get_default(call_default_factory=True)
+            shown = str(default) if not isinstance(default, str) else repr(default)
+            rows.append(f"| `{key}` | `{shown}` | {field.description or ''} |")
+
+    walk(Settings, "")
+    return "\n".join(rows)
