@@ -110,6 +110,11 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "loadavg_1m_at_start": load1,
+        "thread_env": {
+            k: os.environ[k]
+            for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+            if k in os.environ
+        },
     }
 
 
@@ -598,14 +603,15 @@ def main(argv: list[str] | None = None) -> int:
             lambda: server_section(wl, pristine, qfile, tmp / "srv-a", p, None, full=True),
             "server",
         )
-        _section(
-            res,
-            "server_fast_poll",
-            lambda: server_section(
-                wl, pristine, qfile, tmp / "srv-b", p, p.fast_poll_ms, full=False
-            ),
-            "server(fast poll)",
-        )
+        if DEFAULT_POLL_MS != p.fast_poll_ms:  # freshness again with a short poll interval
+            _section(
+                res,
+                "server_fast_poll",
+                lambda: server_section(
+                    wl, pristine, qfile, tmp / "srv-b", p, p.fast_poll_ms, full=False
+                ),
+                "server(fast poll)",
+            )
         _section(res, "tldr", lambda: tldr_section(tmp, p), "tldr")
 
     res["elapsed_s"] = time.perf_counter() - T0

@@ -260,3 +260,34 @@ def test_stream_equals_batch_whatever_the_arrival_order(tmp_path: Path, clock: M
     assert live_run.index.epoch > batch_run.index.epoch
     assert _index_state(live_run) == _index_state(batch_run)
     assert len(_index_state(batch_run)) > 20
+
+
+def test_runner_survives_a_failing_step_and_commits_on_stop(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    import threading
+
+    from streamrag.runtime import PipelineRunner
+
+    src = ScriptedSource()
+    emb = FlakyEmbedder()
+    p = pipeline_factory(src, embedder=emb, max_delay_ms=0)
+    committed = threading.Event()
+    p.on_commit.append(lambda batch, result: committed.set())
+    runner = PipelineRunner(p, poll_interval_ms=1, max_backoff_s=0.01)
+    src.push(change_line("a", T0, "hello world"))
+    runner.start()
+    try:
+        import time
+
+        give_up = time.monotonic() + 10
+        while runner.errors < 2 and time.monotonic() < give_up:
+            time.sleep(0.005)  # waiting for the runner thread's retries, not for time
+        assert runner.running
+        assert "embedding service timed out" in (runner.last_error or "")
+        emb.fail = False
+        assert committed.wait(10)
+    finally:
+        runner.stop()
+    assert not runner.running
+    assert p.index.epoch == 1

@@ -65,10 +65,13 @@ class PipelineRunner:
             try:
                 did = pipeline.step()
                 backoff = 0.05
-            except StreamragError as exc:
+            except Exception as exc:  # the loop must outlive any one failure
                 self.errors += 1
-                self.last_error = str(exc)
-                log.error("pipeline step failed, retrying in %.2fs: %s", backoff, exc)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StreamragError):
+                    log.error("pipeline step failed, retrying in %.2fs: %s", backoff, exc)
+                else:
+                    log.exception("unexpected pipeline error, retrying in %.2fs", backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
                 continue
