@@ -442,6 +442,7 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             Row(sec, "embedder alone, batches of 256", r["embedder_docs_per_s"], "docs/s"),
             Row(sec, "pipeline run_until_caught_up", r["pipeline_changes_per_s"], "changes/s"),
             Row(sec, "pipeline / embedder (time ratio)", r["ratio"], "×", 0.8),
+            Row(sec, "same, median of paired repeats", r["ratio_paired_median"], "×"),
             Row(sec, "peak RSS of the ingest process", r["peak_rss_mib"], "MiB"),
         ]
         se = r.get("search")
@@ -493,6 +494,10 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             Row(sec, "embedder alone", t["embedder_docs_per_s"], "docs/s"),
             Row(sec, "pipeline", t["pipeline_changes_per_s"], "changes/s"),
             Row(sec, "pipeline / embedder (time ratio)", t["ratio"], "×", 0.8),
+            Row(sec, "same, median of paired repeats", t["ratio_paired_median"], "×"),
+            Row(
+                sec, "chunks embedded by the pipeline", t["final"]["counts"]["chunks_embedded"], ""
+            ),
         ]
     return rows
 
@@ -603,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
             lambda: server_section(wl, pristine, qfile, tmp / "srv-a", p, None, full=True),
             "server",
         )
-        if DEFAULT_POLL_MS != p.fast_poll_ms:  # freshness again with a short poll interval
+        if p.fast_poll_ms != DEFAULT_POLL_MS:  # freshness again with a short poll interval
             _section(
                 res,
                 "server_fast_poll",
