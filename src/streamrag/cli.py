@@ -117,7 +117,9 @@ def _progress(service: Any) -> None:
                 info=f"{st.applied} applied · {st.dead_lettered} dead-lettered · "
                 f"epoch {service.index.epoch}",
             )
-            if pipeline.caught_up and st.ingested:
+            wait_us = pipeline.batcher.wait_us()
+            parked = wait_us is not None and wait_us > 1_000_000  # a long max_delay_ms
+            if backlog == 0 and (pipeline.uncommitted == 0 or parked):
                 progress.update(task, completed=total)
                 break
             if service.runner.last_error and not service.runner.running:

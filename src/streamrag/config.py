@@ -139,6 +139,12 @@ class Settings(_Frozen):
     """Every setting of a streamrag job."""
 
     state_dir: Path = Field(Path(".streamrag"), description="Where streamrag keeps its files.")
+    blas_threads: int = Field(
+        1,
+        ge=1,
+        description="Threads per matrix product (OpenBLAS). One is fastest on small shared "
+        "hosts: parallelism comes from concurrent requests and pipeline stages.",
+    )
     source: SourceSettings = SourceSettings()
     ingest: IngestSettings = IngestSettings()
     chunking: ChunkingSettings = ChunkingSettings()

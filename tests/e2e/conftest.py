@@ -70,12 +70,12 @@ class Server:
         assert r.status_code == 200, r.text
         return r.json()  # type: ignore[no-any-return]
 
-    def stop(self) -> int:
-        """Send Ctrl-C (SIGINT) and return the exit code."""
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> int:
+        """Send Ctrl-C (SIGINT) or another signal and return the exit code."""
         self.http.close()
         try:
             if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGINT)
+                self.proc.send_signal(sig)
                 try:
                     self.proc.wait(30)
                 except subprocess.TimeoutExpired:

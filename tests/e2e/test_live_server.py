@@ -138,3 +138,45 @@ def test_cli_query_and_status_talk_to_the_server(live: tuple[Server, Path]) -> N
         timeout=60,
     ).stdout
     assert json.loads(status)["counts"]["applied"] == 50
+
+
+def test_sigterm_commits_pending_changes_and_exits_cleanly(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    import signal
+
+    data = tmp_path / "slow.jsonl"
+    _append(
+        data, *(change_line(f"p-{i}", "2024-01-01T00:00:00Z", f"pending {i}") for i in range(3))
+    )
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(  # a deadline far away: the changes stay pending until shutdown
+        f"source: {{path: {data}}}\nstate_dir: {tmp_path / 'st'}\n"
+        "embedder: {class: hashing}\nbatcher: {max_delay_ms: 600000}\n"
+    )
+    server = start_server("run", str(cfg))
+    server.wait_ready()
+    wait_for(lambda: server.status()["counts"]["pending"] == 3, 30, "three pending changes")
+    assert server.status()["epoch"] == 0
+    assert server.stop(signal.SIGTERM) == 0
+    assert "stopped at epoch 1: 3 changes applied" in server.log.read_text()
+
+
+def test_serves_an_empty_input_and_picks_up_a_file_created_later(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    server = start_server(
+        "serve",
+        "--set",
+        f"source.path={folder}",
+        "--set",
+        f"state_dir={tmp_path / 'st'}",
+        "--set",
+        "embedder.class=hashing",
+    )
+    server.wait_ready()
+    assert server.status()["counts"]["ingested"] == 0
+    _append(folder / "first.jsonl", change_line("late-file", "2024-01-01T00:00:00Z", "hello"))
+    wait_for(lambda: _docs(server, "hello", "late-file"), 10, "the document in the new file")

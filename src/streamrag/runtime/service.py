@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from threadpoolctl import threadpool_limits
+
 from streamrag.chunking import TokenSplitter
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, build_embedder, check_vectors
@@ -50,6 +52,8 @@ class Service:
     ) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
+        # Process-wide: every matrix product (search, hashing) uses this many threads.
+        threadpool_limits(limits=settings.blas_threads, user_api="blas")
         self.embedder = embedder or build_embedder(settings.embedder.class_, settings.embedder.args)
         self.metrics = Metrics()
         self.index = ExactIndex(

@@ -13,20 +13,19 @@ from that one committed epoch.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from streamrag.errors import QueryError, StreamragError
-from streamrag.index.base import Hit, SearchFilter
 from streamrag.runtime.service import Service
 from streamrag.serve.batcher import QueryBatcher
+from streamrag.serve.retrieve import RetrieveASGI, answer
 from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse
-from streamrag.timing import format_timestamp
 
 __all__ = ["create_app"]
 
@@ -65,21 +64,29 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             {"error": {"type": type(exc).__name__, "message": str(exc)}}, status_code=status
         )
 
-    @app.post("/v1/retrieve", response_model=RetrieveResponse)
-    async def retrieve(body: RetrieveRequest, request: Request) -> Response:
-        """Top-k chunks closest to ``query`` from one committed epoch."""
-        started = time.perf_counter()
-        if body.k > max_k:
-            msg = f"k={body.k} is above serve.max_k={max_k}; ask for fewer results"
-            raise QueryError(msg)
-        flt = _filter(body)
-        epoch, hits = await request.app.state.batcher.retrieve(body.query, body.k, flt)
-        payload = {
-            "epoch": epoch,
-            "took_ms": round((time.perf_counter() - started) * 1000, 3),
-            "results": [_chunk(h) for h in hits],
-        }
-        return Response(_encode(payload), media_type="application/json")
+    @app.post(
+        "/v1/retrieve",
+        response_model=RetrieveResponse,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/RetrieveRequest"}}
+                },
+            }
+        },
+    )
+    async def retrieve(request: Request) -> Response:
+        """Top-k chunks closest to ``query`` from one committed epoch.
+
+        Served by :class:`~streamrag.serve.retrieve.RetrieveASGI` ahead of routing;
+        this route documents it and answers the same way without the middleware.
+        """
+        status, data = await answer(await request.body(), request.app.state.batcher, max_k)
+        return Response(data, status_code=status, media_type="application/json")
+
+    app.add_middleware(RetrieveASGI, max_k=max_k)
+    _add_schema(app, RetrieveRequest)
 
     @app.get("/v1/status")
     async def status() -> Response:
@@ -99,36 +106,17 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     return app
 
 
-def _as_set(value: str | list[str] | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    return frozenset([value] if isinstance(value, str) else value)
+def _add_schema(app: FastAPI, model: type[RetrieveRequest]) -> None:
+    """Put ``model``'s JSON schema into the OpenAPI components (the route reads raw bytes)."""
+    original = app.openapi
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = original()
+            defs = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(defs.pop("$defs", {}))
+            components[model.__name__] = defs
+        return app.openapi_schema or original()
 
-def _filter(body: RetrieveRequest) -> SearchFilter:
-    f = body.filters
-    tr = body.time_range
-    return SearchFilter(
-        tenant=f.tenant,
-        domains=_as_set(f.domain),
-        doc_ids=_as_set(f.doc_id),
-        start_us=tr.start if tr else None,
-        end_us=tr.end if tr else None,
-    )
-
-
-def _chunk(h: Hit) -> dict[str, object]:
-    return {
-        "chunk_id": f"{h.chunk_id & 0xFFFFFFFFFFFFFFFF:016x}",
-        "doc_id": h.doc_id,
-        "tenant": h.tenant,
-        "domain": h.domain,
-        "position": h.position,
-        "score": round(h.score, 6),
-        "text": h.text,
-        "event_time": format_timestamp(h.event_time),
-        "source": h.source,
-        "offset": h.offset,
-        "epoch": h.epoch,
-        "embedder": h.embedder_version,
-    }
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -8,6 +8,9 @@ pending, before it returns.
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 import uvicorn
 
 from streamrag.runtime.service import Service
@@ -23,9 +26,18 @@ def serve_forever(service: Service, *, host: str, port: int, log_level: str = "w
         app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
     )
     server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal
+    # with the handler that was installed before it started. Make SIGTERM's
+    # handler raise like Ctrl-C does, so that our own shutdown runs after it.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         server.run()
     except KeyboardInterrupt:
-        pass  # uvicorn re-raises Ctrl-C after its graceful shutdown; ours follows
+        pass  # uvicorn has finished its graceful shutdown; ours follows
     finally:
+        signal.signal(signal.SIGTERM, previous)
         service.stop()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
