@@ -64,7 +64,7 @@ class SourceSettings(_Frozen):
     )
     glob: str = Field("*.jsonl", description="Which files of a directory to read.")
     poll_interval_ms: int = Field(
-        5, gt=0, description="How often an idle source looks for new data (bounds freshness)."
+        2, gt=0, description="How often an idle source looks for new data (bounds freshness)."
     )
     max_read_bytes: int = Field(
         1 << 20, gt=0, description="At most this many bytes are read per poll (backpressure)."

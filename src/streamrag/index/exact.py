@@ -215,18 +215,21 @@ class ExactIndex:
         epoch = self._snapshot.epoch + 1
         docs = self._docs
         alive = self._alive
-        keep: list[int] = []  # chunk positions in the batch to append
-        winners: dict[tuple[str, str], DocOp] = {}
+        winners: dict[tuple[str, str], tuple[tuple[int, int], DocOp]] = {}
         for d in batch.docs:
             key = (d.tenant, d.doc_id)
+            version = (d.event_time, d.offset)
             other = winners.get(key)
-            if other is None or d.version > other.version:
-                winners[key] = d
+            if other is None or version > other[0]:
+                winners[key] = (version, d)
+        keep: list[int] = []  # chunk positions in the batch to append
+        kept: list[DocOp] = []  # their documents, in the same order
         applied = 0
         stale = len(batch.docs) - len(winners)
-        for key, d in winners.items():
+        hashes = batch.hashes
+        for key, (version, d) in winners.items():
             state = docs.get(key)
-            if state is not None and state.version >= d.version:
+            if state is not None and state.version >= version:
                 stale += 1
                 continue
             applied += 1
@@ -238,54 +241,66 @@ class ExactIndex:
                     self._deleted_docs -= 1
                 else:
                     self._live_docs -= 1
-            if d.op == Op.DELETE or d.n_chunks == 0:
-                docs[key] = DocState(d.version, deleted=True)
+            n = d.n_chunks
+            if d.op == Op.DELETE or n == 0:
+                docs[key] = DocState(version, deleted=True)
                 self._deleted_docs += 1
                 continue
             start = self._rows + len(keep)
-            span = range(d.first_chunk, d.first_chunk + d.n_chunks)
-            keep.extend(span)
+            first = d.first_chunk
+            keep.extend(range(first, first + n))
+            kept.append(d)
             docs[key] = DocState(
-                d.version,
-                deleted=False,
-                rows=list(range(start, start + d.n_chunks)),
-                hashes=[batch.hashes[i] for i in span],
+                version, False, list(range(start, start + n)), hashes[first : first + n]
             )
             self._live_docs += 1
-        self._append(batch, keep, epoch)
+        self._append(batch, keep, kept, epoch)
         self._live_chunks += len(keep)
         if self._rows > 1024 and self._live_chunks <= self._rows // 2:
             self._compact()
         self._snapshot = self._publish(epoch)
         return CommitResult(epoch, applied, stale, len(keep))
 
-    def _append(self, batch: CommitBatch, keep: list[int], epoch: int) -> None:
+    def _append(self, batch: CommitBatch, keep: list[int], kept: list[DocOp], epoch: int) -> None:
+        """Write the kept chunks past the visible end; per-document columns repeat per chunk."""
         m = len(keep)
         if m == 0:
             return
         self._reserve(self._rows + m)
         lo, hi = self._rows, self._rows + m
         cols = self._cols
+        counts = [d.n_chunks for d in kept]
+        single = m == len(kept)  # the common case: one chunk per document
+
+        def per_chunk(values: list[Any]) -> list[Any]:
+            if single:
+                return values
+            return [v for v, c in zip(values, counts, strict=True) for _ in range(c)]
+
         idx = np.asarray(keep, dtype=np.int64)
-        doc_by_chunk = np.empty(len(batch.texts), dtype=np.int64)
-        for n, d in enumerate(batch.docs):
-            doc_by_chunk[d.first_chunk : d.first_chunk + d.n_chunks] = n
-        owners = [batch.docs[int(n)] for n in doc_by_chunk[idx]]
         cols.vectors[lo:hi] = batch.vectors[idx]
         cols.chunk_ids[lo:hi] = batch.chunk_ids[idx]
         cols.positions[lo:hi] = batch.positions[idx]
         cols.epochs[lo:hi] = epoch
-        cols.event_times[lo:hi] = [d.event_time for d in owners]
-        cols.offsets[lo:hi] = [d.offset for d in owners]
-        cols.tenant_codes[lo:hi] = [_code(self._tenant_codes, d.tenant) for d in owners]
-        cols.domain_codes[lo:hi] = [_code(self._domain_codes, d.domain) for d in owners]
-        cols.doc_codes[lo:hi] = [_code(self._doc_codes, d.doc_id) for d in owners]
+        cols.event_times[lo:hi] = np.repeat([d.event_time for d in kept], counts)
+        cols.offsets[lo:hi] = np.repeat([d.offset for d in kept], counts)
+        tenants, domains, doc_ids = (
+            [d.tenant for d in kept],
+            [d.domain for d in kept],
+            [d.doc_id for d in kept],
+        )
+        for values, codes, column in (
+            (tenants, self._tenant_codes, cols.tenant_codes),
+            (domains, self._domain_codes, cols.domain_codes),
+            (doc_ids, self._doc_codes, cols.doc_codes),
+        ):
+            column[lo:hi] = np.repeat([_code(codes, v) for v in values], counts)
         texts = batch.texts
         cols.texts.extend([texts[i] for i in keep])
-        cols.doc_ids.extend([d.doc_id for d in owners])
-        cols.tenants.extend([d.tenant for d in owners])
-        cols.domains.extend([d.domain for d in owners])
-        cols.sources.extend([d.source for d in owners])
+        cols.doc_ids.extend(per_chunk(doc_ids))
+        cols.tenants.extend(per_chunk(tenants))
+        cols.domains.extend(per_chunk(domains))
+        cols.sources.extend(per_chunk([d.source for d in kept]))
         cols.embedder_versions.extend([batch.embedder_version] * m)
         self._alive[lo:hi] = True
         self._rows = hi

@@ -28,7 +28,7 @@ class PipelineRunner:
     """Drives a :class:`Pipeline` in a daemon thread."""
 
     def __init__(
-        self, pipeline: Pipeline, *, poll_interval_ms: int = 5, max_backoff_s: float = 5.0
+        self, pipeline: Pipeline, *, poll_interval_ms: int = 2, max_backoff_s: float = 5.0
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval_s = poll_interval_ms / 1000
