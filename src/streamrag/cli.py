@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
+from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -110,16 +111,18 @@ def _progress(service: Any) -> None:
         while True:
             backlog = pipeline.reader.backlog_bytes()
             st = pipeline.stats
+            read = max(0, total - backlog)
+            done = st.applied + st.dead_lettered  # committed or refused, of what was read
             progress.update(
                 task,
-                completed=max(0, total - backlog),
-                total=max(total, total - backlog),
+                completed=read * done / max(1, st.ingested),
+                total=max(total, read),
                 info=f"{st.applied} applied · {st.dead_lettered} dead-lettered · "
                 f"epoch {service.index.epoch}",
             )
             wait_us = pipeline.batcher.wait_us()
             parked = wait_us is not None and wait_us > 1_000_000  # a long max_delay_ms
-            if backlog == 0 and (pipeline.uncommitted == 0 or parked):
+            if backlog == 0 and pipeline.drained and (pipeline.uncommitted == 0 or parked):
                 progress.update(task, completed=total)
                 break
             if service.runner.last_error and not service.runner.running:
@@ -288,5 +291,9 @@ def _guard(fn: Any) -> None:
 
 def main() -> None:
     """Entry point of the ``streamrag`` command."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=console, show_path=False, show_time=False)],
+    )
     app(prog_name="streamrag")

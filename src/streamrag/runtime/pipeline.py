@@ -104,6 +104,7 @@ class Pipeline:
         self.on_commit = list(on_commit)
         self.stats = PipelineStats()
         self._in_flight = 0
+        self._drained = False
 
     # -- the loop body ---------------------------------------------------------
 
@@ -117,8 +118,10 @@ class Pipeline:
         """Read from the source into the batcher, unless it is full. Returns records read."""
         if self.batcher.full:
             return 0
+        self._drained = False  # before reading: what is read counts as in progress
         raws = self.reader.poll(self.max_read_bytes, final=final)
         if not raws:
+            self._drained = True
             return 0
         n = sum(len(r) for r in raws)
         changes, letters = self.decoder.decode(raws)
@@ -157,9 +160,18 @@ class Pipeline:
         return self.batcher.pending + self._in_flight
 
     @property
+    def drained(self) -> bool:
+        """True when the last poll found nothing new (and no poll is under way).
+
+        Read from another thread, this closes the gap between a poll taking bytes
+        from the source and its changes reaching the batcher.
+        """
+        return self._drained
+
+    @property
     def caught_up(self) -> bool:
         """True when every change read is committed and the source has no unread bytes."""
-        return self.uncommitted == 0 and self.reader.backlog_bytes() == 0
+        return self._drained and self.uncommitted == 0 and self.reader.backlog_bytes() == 0
 
     def close(self) -> None:
         """Commit what is pending and release the source and the dead-letter file."""
