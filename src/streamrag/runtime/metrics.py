@@ -70,6 +70,13 @@ class Metrics:
             registry=r,
         )
 
+        self.query_batch = Histogram(
+            "streamrag_query_batch_size",
+            "Queries answered by one embedding call and one search.",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)

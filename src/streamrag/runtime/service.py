@@ -111,6 +111,7 @@ class Service:
         )
         result = self.index.search_many(vectors, k, flt)
         self.metrics.query_seconds.observe(time.perf_counter() - started)
+        self.metrics.query_batch.observe(len(queries))
         return result
 
     def status(self) -> Status:

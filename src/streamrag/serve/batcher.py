@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -35,9 +36,10 @@ class _Request:
 class QueryBatcher:
     """Answers ``retrieve`` calls in batches on one worker thread."""
 
-    def __init__(self, service: Service, *, max_batch: int = 64) -> None:
+    def __init__(self, service: Service, *, max_batch: int = 64, max_wait_ms: float = 2.0) -> None:
         self.service = service
         self.max_batch = max_batch
+        self.max_wait_s = max_wait_ms / 1000
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="streamrag-query", daemon=True)
         self._thread.start()
@@ -55,21 +57,31 @@ class QueryBatcher:
         self._thread.join(5)
 
     def _work(self) -> None:
+        last_size = 1
         while True:
             first = self._queue.get()
             if first is None:
                 return
             batch = [first]
+            # Under concurrency (the last batch had company) wait up to max_wait
+            # for more: one product over 16 queries costs about as much as over 4.
+            # A lone client never waits.
+            deadline = time.monotonic() + (self.max_wait_s if last_size > 1 else 0.0)
             stop = False
             while len(batch) < self.max_batch:
                 try:
-                    item = self._queue.get_nowait()
+                    remaining = deadline - time.monotonic()
+                    if remaining > 0:
+                        item = self._queue.get(timeout=remaining)
+                    else:
+                        item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
                     stop = True
                     break
                 batch.append(item)
+            last_size = len(batch)
             self._answer(batch)
             if stop:
                 return
