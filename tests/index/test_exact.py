@@ -214,3 +214,16 @@ def test_matches_a_brute_force_reference(batches: list, query_seed: int) -> None
         )
         assert len(got) == min(5, len(expected))
     assert index.epoch == len(batches)
+
+
+def test_selective_and_broad_filters_rank_alike() -> None:
+    index = ExactIndex(DIM)
+    index.commit(_batch(*[(f"d{i}", U, i, i, [i], "a" if i < 30 else "b") for i in range(300)]))
+    q = _vec(7)[None, :]
+    _, few = index.search_many(q, 3, SearchFilter(domains=frozenset({"a"})))  # gathers 30 rows
+    _, all_ = index.search_many(q, 300, SearchFilter())  # scans every row
+    expected = [h.doc_id for h in all_[0] if int(h.doc_id[1:]) < 30][:3]
+    assert [h.doc_id for h in few[0]] == expected
+    assert few[0][0].score == pytest.approx(
+        all_[0][[h.doc_id for h in all_[0]].index(expected[0])].score
+    )
