@@ -90,6 +90,10 @@ class ChunkingSettings(_Frozen):
 
     max_tokens: int = Field(128, gt=0, description="Upper bound of tokens per chunk.")
     overlap_tokens: int = Field(16, ge=0, description="Tokens repeated between neighbours.")
+    tokens: Literal["embedder", "words"] = Field(
+        "embedder",
+        description="Count tokens with the embedder's tokenizer when it has one, or as words.",
+    )
 
 
 class BatcherSettings(_Frozen):

@@ -52,3 +52,18 @@ def test_ids_are_stable_and_distinct() -> None:
     # Separator-safe: ("a", "bc") and ("ab", "c") differ.
     assert chunk_id("a", "bc", 0) != chunk_id("ab", "c", 0)
     assert content_hash("x") != content_hash("y")
+
+
+def _letters(text: str) -> int:
+    """A stand-in tokenizer: one token per three letters, as subword tokenizers do."""
+    return sum(-(-len(w) // 3) for w in text.split())
+
+
+@given(st.lists(st.text(alphabet="abcdefgh ", min_size=1, max_size=60), min_size=1, max_size=8))
+def test_windows_respect_a_real_token_counter(paragraphs: list[str]) -> None:
+    s = TokenSplitter(max_tokens=8, overlap_tokens=2, count_tokens=_letters)
+    text = "\n\n".join(paragraphs)
+    chunks = s.split(text)
+    for chunk in chunks:
+        assert _letters(chunk) <= 8 or len(chunk.split()) == 1  # one huge word stays whole
+    assert set(w for c in chunks for w in c.split()) == set(text.split())

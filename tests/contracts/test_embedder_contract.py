@@ -65,3 +65,21 @@ def test_minilm_ranks_by_meaning_offline() -> None:
     )
     assert q @ near > q @ far + 0.2  # no shared words, related meaning
     assert emb.version == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.mark.slow
+def test_minilm_chunks_fit_its_own_token_budget() -> None:
+    from streamrag.config import load_settings
+    from streamrag.runtime.service import _splitter
+
+    emb = _registered("streamrag.embed.sentence_transformers:SentenceTransformerEmbedder")
+    settings = load_settings(
+        overrides={"chunking.max_tokens": 32, "chunking.overlap_tokens": 4}, environ={}
+    )
+    splitter = _splitter(settings, emb)
+    text = " ".join(f"internationalization{i} configuration-management" for i in range(60))
+    chunks = splitter.split(text)
+    assert len(chunks) > 5
+    assert all(emb.count_tokens(c) <= 32 for c in chunks)  # type: ignore[attr-defined]
+    # Counting words instead would overshoot: these words are several pieces each.
+    assert emb.count_tokens(" ".join(text.split()[:32])) > 32  # type: ignore[attr-defined]

@@ -6,11 +6,11 @@ than that is cut into windows of ``max_tokens`` that overlap by
 ``overlap_tokens``. Because boundaries sit on paragraphs, editing one paragraph
 leaves the other chunks' text — and so their content hash and vector — as it was.
 
-Tokens are counted by a ``count_tokens`` function. The default counts
-whitespace-separated words, a fast approximation: MiniLM's WordPiece tokenizer
-gives about 1.3 pieces per English word, so the default ``max_tokens=128``
-stays well inside its 256-piece input. Pass a real tokenizer's counter for
-exact budgets.
+Tokens are counted by a ``count_tokens`` function. A job uses its embedder's
+own tokenizer when the embedder offers one (MiniLM does: WordPiece pieces, the
+unit of its 256-piece input limit). Otherwise whitespace-separated words are
+counted, a fast approximation (English averages about 1.3 WordPiece pieces per
+word).
 
 >>> TokenSplitter(max_tokens=4, overlap_tokens=1).split("a b c d e f g")
 ['a b c d', 'd e f g']
@@ -82,11 +82,25 @@ class TokenSplitter:
         return chunks
 
     def _windows(self, para: str) -> list[str]:
+        """Cut a long paragraph into overlapping windows of at most ``max_tokens``."""
+        count = self.count_tokens
         words = para.split()
-        step = self.max_tokens - self.overlap_tokens
         out = []
-        for start in range(0, len(words), step):
-            out.append(" ".join(words[start : start + self.max_tokens]))
-            if start + self.max_tokens >= len(words):
+        start = 0
+        while start < len(words):
+            # A word is at least one token, so max_tokens words is an upper bound;
+            # shrink by a tenth until the window fits.
+            end = min(len(words), start + self.max_tokens)
+            window = " ".join(words[start:end])
+            tokens = count(window)
+            while tokens > self.max_tokens and end > start + 1:
+                end = start + max(1, (end - start) * 9 // 10)
+                window = " ".join(words[start:end])
+                tokens = count(window)
+            out.append(window)
+            if end >= len(words):
                 break
+            # Step back about overlap_tokens worth of words.
+            back = self.overlap_tokens * (end - start) // max(1, tokens)
+            start = max(start + 1, end - back)
         return out

@@ -7,6 +7,8 @@ An embedder turns texts into vectors, many at a time::
 Rows should be L2-normalized (scores are inner products); the pipeline checks
 shape, type and finiteness and normalizes anyway. ``version`` names the model
 and its settings: every chunk records it, so a change of model is traceable.
+An embedder may also offer ``count_tokens(text) -> int``; chunking then
+measures chunks in the model's own tokens.
 
 The configuration names an embedder by a registered short name (``minilm``,
 ``hashing``) or by import path (``"mypkg.embedders:MyEmbedder"``), with keyword

@@ -99,6 +99,11 @@ class SentenceTransformerEmbedder:
             raise EmbedderError(msg)
         return model
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens the model sees for ``text`` (WordPiece pieces, no special tokens)."""
+        model = self._model if self._model is not None else self.load()
+        return len(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Embed texts into unit vectors."""
         model = self._model if self._model is not None else self.load()

@@ -15,7 +15,7 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
-from streamrag.chunking import TokenSplitter
+from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, build_embedder, check_vectors
 from streamrag.eventtime import BoundedOutOfOrderness
@@ -73,7 +73,7 @@ class Service:
             # start, so the dead-letter file starts empty too.
             dead_letters=DeadLetterStore(settings.dead_letter_path, truncate=True),
             clock=self.clock,
-            splitter=TokenSplitter(settings.chunking.max_tokens, settings.chunking.overlap_tokens),
+            splitter=_splitter(settings, self.embedder),
             decoder=Decoder(
                 default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
             ),
@@ -162,3 +162,12 @@ class Service:
             "uptime_s": (now - self.started_us) / 1e6,
         }
         return Status(body)
+
+
+def _splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
+    """Chunk in the embedder's own tokens when it can count them."""
+    chunking = settings.chunking
+    count = getattr(embedder, "count_tokens", None)
+    if chunking.tokens == "words" or not callable(count):
+        count = count_words
+    return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
