@@ -68,3 +68,30 @@ def _cfg(tmp_path: Path, data: Path) -> Path:
         f"source: {{path: {data}}}\nstate_dir: {tmp_path}\nembedder: {{class: hashing}}\n"
     )
     return cfg
+
+
+def test_the_example_config_runs(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "streamrag.yaml"
+    changes = tmp_path / "changes"
+    changes.mkdir()
+    (changes / "a.jsonl").write_text(
+        '{"doc_id": "a", "event_time": "2024-01-01T00:00:00Z", "text": "hello"}\n'
+    )
+    result = runner.invoke(
+        app,
+        [
+            "run",
+            str(example),
+            "--once",
+            "--set",
+            f"source.path={changes}",
+            "--set",
+            f"state_dir={tmp_path / 'st'}",
+            "--set",
+            "embedder.class=hashing",
+            "--set",
+            "embedder.args={}",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert '"live_docs": 1' in result.output

@@ -27,6 +27,9 @@ def test_parse_timestamp(text: object, expected: int) -> None:
         ("yesterday", "not ISO-8601"),
         (True, "boolean"),
         ([1], "found list"),
+        (1e308, "outside years"),
+        (float("nan"), "outside years"),
+        (10**30, "outside years"),
     ],
 )
 def test_parse_timestamp_rejects_with_a_fix(bad: object, hint: str) -> None:

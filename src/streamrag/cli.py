@@ -28,7 +28,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from streamrag.config import Settings, load_settings
+from streamrag.config import Settings, load_settings, parse_value
 from streamrag.errors import StreamragError
 
 __all__ = ["app", "main"]
@@ -62,7 +62,7 @@ def _settings(
         if not sep:
             msg = f"--set {item!r}: expected KEY=VALUE, such as --set batcher.max_delay_ms=50"
             raise typer.BadParameter(msg)
-        overrides[key.strip()] = value
+        overrides[key.strip()] = parse_value(value)
     if host is not None:
         overrides["serve.host"] = host
     if port is not None:

@@ -47,6 +47,7 @@ __all__ = [
     "Settings",
     "SourceSettings",
     "load_settings",
+    "parse_value",
 ]
 
 ENV_PREFIX = "STREAMRAG_"
@@ -184,7 +185,7 @@ def load_settings(
         if not name.startswith(ENV_PREFIX):
             continue
         dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-        _merge(env_layer, origins, _unflatten({dotted: _env_value(raw)}), f"env {name}")
+        _merge(env_layer, origins, _unflatten({dotted: parse_value(raw)}), f"env {name}")
     _merge(data, {}, env_layer, "")
     if overrides:
         _merge(data, origins, _unflatten(dict(overrides)), "argument")
@@ -213,7 +214,12 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _env_value(raw: str) -> Any:
+def parse_value(raw: str) -> Any:
+    """Read a value given as text (environment, ``--set``) as a YAML scalar or mapping.
+
+    >>> parse_value("50"), parse_value("{dim: 64}"), parse_value("docs/")
+    (50, {'dim': 64}, 'docs/')
+    """
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:

@@ -53,6 +53,7 @@ MAX_TIMESTAMP: Timestamp = 2**63 - 1
 """After every event: the watermark at the end of a bounded input."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MAX_EPOCH_S = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
 def parse_timestamp(value: object) -> Timestamp:
@@ -72,10 +73,11 @@ def parse_timestamp(value: object) -> Timestamp:
     if isinstance(value, bool):
         msg = f"expected an ISO-8601 time or epoch seconds, found the boolean {value!r}"
         raise ValueError(msg)
-    if isinstance(value, int):
-        return value * US_PER_S
-    if isinstance(value, float):
-        return round(value * US_PER_S)
+    if isinstance(value, int | float):
+        if not -_MAX_EPOCH_S <= value <= _MAX_EPOCH_S:  # also false for NaN
+            msg = f"epoch seconds {value!r} are outside years 1–9999; send seconds, not µs or ms"
+            raise ValueError(msg)
+        return value * US_PER_S if isinstance(value, int) else round(value * US_PER_S)
     if not isinstance(value, str):
         msg = f"expected an ISO-8601 time or epoch seconds, found {type(value).__name__}"
         raise ValueError(msg)

@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamrag.changes import Op
 from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
@@ -33,6 +35,7 @@ def test_valid_records_become_changes() -> None:
     ("line", "reason"),
     [
         (b"not json", "not a JSON object"),
+        (b'{"doc_id": "a\xff", "event_time": 1, "text": "x"}', "not UTF-8 text"),
         (b'{"doc_id": "a", "event_time": ', "not a JSON object"),
         (b"[1, 2]", "does not match the change schema"),
         (b'{"event_time": 1, "text": "x"}', "missing required field `doc_id`"),
@@ -51,7 +54,7 @@ def test_bad_records_become_dead_letters_with_reasons(line: bytes, reason: str) 
     letter = letters[0]
     assert reason in letter.reason
     assert (letter.source, letter.offset, letter.stage) == ("in.jsonl", 100, "decode")
-    assert letter.raw == line.decode()
+    assert letter.raw == line.decode("utf-8", "backslashreplace")
 
 
 def test_oversized_record_is_dead_lettered() -> None:
@@ -80,3 +83,40 @@ def test_dead_letter_store_appends_counts_and_reads_back(tmp_path: Path) -> None
     emptied = DeadLetterStore(path, truncate=True)
     assert emptied.count == 0
     emptied.close()
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=4,
+)
+_records = st.fixed_dictionaries(
+    {},
+    optional={
+        "doc_id": _json_values,
+        "event_time": _json_values | st.sampled_from(["2024-01-01T00:00:00Z", "2024-01-01"]),
+        "op": _json_values | st.sampled_from(["upsert", "delete"]),
+        "text": _json_values,
+        "tenant": _json_values,
+        "domain": _json_values,
+        "metadata": _json_values,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=80), _records.map(lambda r: json.dumps(r).encode())),
+        max_size=20,
+    )
+)
+def test_decoding_never_raises_and_accounts_for_every_line(lines: list[bytes]) -> None:
+    lines = [line.replace(b"\n", b" ") for line in lines]
+    batch, letters = _decode(*lines)
+    assert len(batch) + len(letters) == len(lines)
+    assert sorted([*batch.offsets.tolist(), *(d.offset for d in letters)]) == [
+        i * 100 for i in range(len(lines))
+    ]

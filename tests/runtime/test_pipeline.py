@@ -291,3 +291,27 @@ def test_runner_survives_a_failing_step_and_commits_on_stop(
         runner.stop()
     assert not runner.running
     assert p.index.epoch == 1
+
+
+def test_a_failed_commit_loses_nothing(pipeline_factory: PipelineFactory) -> None:
+    src = ScriptedSource()
+    p = pipeline_factory(src, max_delay_ms=0)
+    real_commit = p.index.commit
+    calls = {"n": 0}
+
+    def flaky_commit(batch):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("disk full")
+        return real_commit(batch)
+
+    p.index.commit = flaky_commit  # type: ignore[method-assign]
+    src.push(change_line("a", T0, "first"), change_line("b", T0, "second"))
+    with pytest.raises(OSError, match="disk full"):
+        p.step()
+    assert p.uncommitted == 2
+    assert p.index.epoch == 0
+    p.step()
+    assert p.index.epoch == 1
+    assert sorted(_texts(p, "first second")) == ["first", "second"]
+    assert (p.stats.ingested, p.stats.applied) == (2, 2)

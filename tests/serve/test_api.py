@@ -129,6 +129,8 @@ def test_status_counts_add_up(client: TestClient) -> None:
     assert body["watermark"] == "2024-03-01T23:59:59.999999Z"
     assert body["index"] == {"live_docs": 3, "live_chunks": 3, "deleted_docs": 0}
     assert body["ingest_lag"]["backlog_bytes"] == 0
+    # The manual clock reads 2027-01-15T08:00:00Z; the watermark is 2024-03-01T23:59:59.999999Z.
+    assert body["ingest_lag"]["watermark_lag_s"] == pytest.approx(90_662_400.000001)
     assert body["freshness"]["last_batch_ms"] == 0.0
 
 

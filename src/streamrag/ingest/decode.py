@@ -136,6 +136,8 @@ class Decoder:
 
 
 def _reason(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: {exc}; write each line as UTF-8 encoded JSON"
     if isinstance(exc, msgspec.ValidationError):  # a subclass of DecodeError: test it first
         return f"does not match the change schema: {exc}"
     if isinstance(exc, msgspec.DecodeError):

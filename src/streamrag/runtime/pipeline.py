@@ -186,11 +186,18 @@ class Pipeline:
     def _commit(self, pending: PendingBatch) -> None:
         self._in_flight = len(pending.changes)
         try:
-            self._apply(pending)
+            batch, result = self._apply(pending)
+        except BaseException:
+            # Nothing is lost: the batch goes back to the front and is retried.
+            self.batcher.put_back(pending)
+            raise
         finally:
             self._in_flight = 0
+        for hook in self.on_commit:  # after the commit: a failing hook cannot undo it
+            hook(batch, result)
 
-    def _apply(self, pending: PendingBatch) -> None:
+    def _apply(self, pending: PendingBatch) -> tuple[CommitBatch, CommitResult]:
+        """Everything of one micro-batch up to and including its index commit."""
         changes = pending.changes
         tenants, doc_ids = changes.tenants, changes.doc_ids
         times = changes.event_times.tolist()
@@ -281,7 +288,6 @@ class Pipeline:
                     out, len(embed_slots), index.dim, type(self.embedder).__name__
                 )
             except Exception as exc:
-                self.batcher.put_back(pending)
                 if isinstance(exc, EmbedderError):
                     raise
                 msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
@@ -325,8 +331,7 @@ class Pipeline:
         m.live_chunks.set(stats.live_chunks)
         m.live_docs.set(stats.live_docs)
         m.pending.set(self.batcher.pending)
-        for hook in self.on_commit:
-            hook(batch, result)
+        return batch, result
 
     def _dead_letter(self, letters: list[DeadLetter]) -> None:
         if not letters:

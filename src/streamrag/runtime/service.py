@@ -27,7 +27,14 @@ from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import Pipeline
 from streamrag.sources.base import Source
 from streamrag.sources.files import JsonlSource
-from streamrag.timing import MIN_TIMESTAMP, US_PER_MS, Clock, SystemClock, format_timestamp
+from streamrag.timing import (
+    MIN_TIMESTAMP,
+    US_PER_MS,
+    US_PER_S,
+    Clock,
+    SystemClock,
+    format_timestamp,
+)
 
 __all__ = ["Service", "Status"]
 
@@ -143,6 +150,7 @@ class Service:
                 "backlog_bytes": self.pipeline.reader.backlog_bytes(),
                 "pending_changes": pending,
                 "caught_up": self.pipeline.caught_up,
+                "watermark_lag_s": None if wm == MIN_TIMESTAMP else (now - wm) / US_PER_S,
             },
             "freshness": {
                 "last_batch_ms": None
