@@ -1,8 +1,8 @@
 """A test kit for streamrag pipelines: drive time by hand, script the input, watch the output.
 
 * :class:`ManualClock` — processing time that moves only when told.
-* :class:`ScriptedSource` — an in-memory source you push lines into; ``EOF``
-  ends it. Offsets are line numbers, so resume positions are easy to check.
+* :class:`ScriptedSource` — an in-memory source you push lines into. Offsets
+  are line numbers, so resume positions are easy to check.
 * :class:`ListSink` — records every commit a pipeline makes.
 * :class:`CountingEmbedder` — wraps an embedder and records what it embedded
   (to prove unchanged chunks are not embedded again).
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +30,6 @@ from streamrag.sources.base import RawBatch
 from streamrag.timing import US_PER_MS, Timestamp
 
 __all__ = [
-    "EOF",
     "CountingEmbedder",
     "FakeEmbedder",
     "ListSink",
@@ -65,29 +64,17 @@ class ManualClock:
         return f"ManualClock({self._now})"
 
 
-class _Eof:
-    def __repr__(self) -> str:
-        return "EOF"
-
-
-EOF: Final = _Eof()
-"""Push this into a :class:`ScriptedSource` to end its input."""
-
-
 @dataclass
 class ScriptedSource:
     """An in-memory source of JSONL lines; push lines (or dicts) while a test runs."""
 
     name: str = "scripted"
     lines: list[bytes] = field(default_factory=list)
-    ended: bool = False
 
-    def push(self, *items: str | bytes | Mapping[str, Any] | _Eof) -> None:
-        """Append lines; a mapping is written as JSON; ``EOF`` ends the input."""
+    def push(self, *items: str | bytes | Mapping[str, Any]) -> None:
+        """Append lines; a mapping is written as JSON."""
         for item in items:
-            if item is EOF:
-                self.ended = True
-            elif isinstance(item, Mapping):
+            if isinstance(item, Mapping):
                 self.lines.append(json.dumps(item).encode())
             elif isinstance(item, str):
                 self.lines.append(item.encode())

@@ -13,7 +13,6 @@ from streamrag.index import SearchFilter
 from streamrag.runtime import Pipeline
 from streamrag.sources import JsonlSource
 from streamrag.testing import (
-    EOF,
     CountingEmbedder,
     FakeEmbedder,
     ListSink,
@@ -248,7 +247,6 @@ def test_stream_equals_batch_whatever_the_arrival_order(tmp_path: Path, clock: M
         for line in order:
             src.push(line)
             p.step()
-        src.push(EOF)
         p.run_until_caught_up()
         p.close()
         return p

@@ -138,8 +138,12 @@ class Pipeline:
     def flush(self, *, force: bool = False) -> int:
         """Commit every batch that is due (every pending one if ``force``). Returns commits."""
         done = 0
-        while self.batcher.pending and (force or self.batcher.due()):
-            self._commit(self.batcher.take())
+        batcher = self.batcher
+        while batcher.pending and (force or batcher.due()):
+            # Count the batch as in flight before it leaves the batcher, so that
+            # another thread never sees it in neither place.
+            self._in_flight = min(batcher.pending, batcher.max_batch_size)
+            self._commit(batcher.take())
             done += 1
         return done
 
@@ -306,7 +310,6 @@ class Pipeline:
             embedder_version=self.embedder.version,
         )
         result = index.commit(batch)
-        self._in_flight = 0
         now = self.clock.now_us()
         self._dead_letter(letters)
         st = self.stats
