@@ -138,6 +138,16 @@ class ServeSettings(_Frozen):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
     max_k: int = Field(100, gt=0, description="Largest k a query may ask for.")
+    query_workers: int = Field(
+        2, ge=1, description="Threads that embed and search query batches (one per core)."
+    )
+    max_batch: int = Field(64, ge=1, description="Most queries answered by one search.")
+    max_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        description="Under concurrency, how long a batch waits for more queries; "
+        "a lone query never waits.",
+    )
 
 
 class Settings(_Frozen):

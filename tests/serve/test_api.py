@@ -50,6 +50,7 @@ def service(tmp_path: Path) -> Service:
             "state_dir": str(tmp_path / "state"),
             "embedder.class": "hashing",
             "serve.max_k": 20,
+            "serve.query_workers": 1,
         },
         environ={},
     )
@@ -193,3 +194,47 @@ def test_openapi_documents_the_retrieve_body(client: TestClient) -> None:
     props = spec["components"]["schemas"]["RetrieveRequest"]["properties"]
     assert {"query", "k", "filters", "time_range"} <= set(props)
     assert "Filters" in spec["components"]["schemas"]
+
+
+def test_several_query_workers_answer_each_request_correctly(tmp_path: Path) -> None:
+    import asyncio
+
+    import httpx
+
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        "".join(
+            change_line(f"d{i}", "2024-01-01T00:00:00Z", f"topic{i} alpha{i} beta{i}") + "\n"
+            for i in range(30)
+        )
+    )
+    settings = load_settings(
+        overrides={
+            "source.path": str(path),
+            "state_dir": str(tmp_path / "st"),
+            "embedder.class": "hashing",
+            "serve.query_workers": 3,
+            "serve.max_wait_ms": 0,
+        },
+        environ={},
+    )
+    svc = Service(settings)
+    svc.pipeline.run_until_caught_up()
+    app = create_app(svc, manage_service=False)
+
+    async def main() -> list[str]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                rs = await asyncio.gather(
+                    *(
+                        c.post(
+                            "/v1/retrieve",
+                            json={"query": f"topic{i % 30} alpha{i % 30} beta{i % 30}", "k": 1},
+                        )
+                        for i in range(120)
+                    )
+                )
+        return [r.json()["results"][0]["doc_id"] for r in rs]
+
+    assert asyncio.run(main()) == [f"d{i % 30}" for i in range(120)]

@@ -39,7 +39,13 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_service:
             service.start()
-        batcher = QueryBatcher(service)
+        serve = service.settings.serve
+        batcher = QueryBatcher(
+            service,
+            max_batch=serve.max_batch,
+            max_wait_ms=serve.max_wait_ms,
+            workers=serve.query_workers,
+        )
         app.state.batcher = batcher
         try:
             yield

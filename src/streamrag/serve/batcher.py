@@ -34,15 +34,26 @@ class _Request:
 
 
 class QueryBatcher:
-    """Answers ``retrieve`` calls in batches on one worker thread."""
+    """Answers ``retrieve`` calls in batches on ``workers`` threads."""
 
-    def __init__(self, service: Service, *, max_batch: int = 64, max_wait_ms: float = 2.0) -> None:
+    def __init__(
+        self,
+        service: Service,
+        *,
+        max_batch: int = 64,
+        max_wait_ms: float = 2.0,
+        workers: int = 2,
+    ) -> None:
         self.service = service
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, name="streamrag-query", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"streamrag-query-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     async def retrieve(self, query: str, k: int, flt: SearchFilter) -> tuple[int, list[Hit]]:
         """Top-``k`` hits for one query, answered as part of a batch."""
@@ -52,9 +63,11 @@ class QueryBatcher:
         return await fut
 
     def close(self) -> None:
-        """Stop the worker thread."""
-        self._queue.put(None)
-        self._thread.join(5)
+        """Stop the worker threads."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join(5)
 
     def _work(self) -> None:
         last_size = 1
