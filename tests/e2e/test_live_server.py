@@ -178,5 +178,7 @@ def test_serves_an_empty_input_and_picks_up_a_file_created_later(
     )
     server.wait_ready()
     assert server.status()["counts"]["ingested"] == 0
+    empty = server.retrieve(query="anything")
+    assert (empty["epoch"], empty["results"]) == (0, [])
     _append(folder / "first.jsonl", change_line("late-file", "2024-01-01T00:00:00Z", "hello"))
     wait_for(lambda: _docs(server, "hello", "late-file"), 10, "the document in the new file")
