@@ -68,10 +68,12 @@ class MicroBatcher:
         """True when a full batch is waiting: sources should pause."""
         return self._pending >= self.max_batch_size
 
-    def add(self, changes: ChangeBatch) -> None:
-        """Queue changes that arrived now."""
+    def add(self, changes: ChangeBatch, arrived_us: Timestamp | None = None) -> None:
+        """Queue changes that arrived at ``arrived_us`` (default: now)."""
         if len(changes):
-            self._queue.append((changes, self._clock.now_us()))
+            now = self._clock.now_us()
+            arrived = now if arrived_us is None else min(arrived_us, now)
+            self._queue.append((changes, arrived))
             self._pending += len(changes)
 
     def wait_us(self) -> Timestamp | None:

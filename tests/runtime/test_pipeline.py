@@ -313,3 +313,22 @@ def test_a_failed_commit_loses_nothing(pipeline_factory: PipelineFactory) -> Non
     assert p.index.epoch == 1
     assert sorted(_texts(p, "first second")) == ["first", "second"]
     assert (p.stats.ingested, p.stats.applied) == (2, 2)
+
+
+def test_the_deadline_counts_from_the_last_empty_poll(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    src = ScriptedSource()
+    sink = ListSink()
+    p = pipeline_factory(src, max_delay_ms=20, on_commit=[sink.on_commit])
+    assert not p.step()  # nothing there at t=0
+    clock.advance_ms(2)
+    src.push(change_line("a", T0, "written between two polls"))
+    assert p.step()  # found at t=2 ms; it landed after t=0
+    clock.advance_ms(17)
+    assert not p.step()
+    assert sink.epochs == []
+    clock.advance_ms(1)  # t=20 ms after the last empty poll
+    assert p.step()
+    assert sink.epochs == [1]
+    assert p.stats.last_freshness_us == 20_000

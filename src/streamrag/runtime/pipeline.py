@@ -105,6 +105,7 @@ class Pipeline:
         self.stats = PipelineStats()
         self._in_flight = 0
         self._drained = False
+        self._idle_poll_us: Timestamp = 0
 
     # -- the loop body ---------------------------------------------------------
 
@@ -118,10 +119,16 @@ class Pipeline:
         """Read from the source into the batcher, unless it is full. Returns records read."""
         if self.batcher.full:
             return 0
+        # Data found now landed after the last poll that found nothing: the
+        # deadline counts from then, so max_delay_ms bounds the time from the
+        # write, not from our read (which is up to a poll interval later).
+        idle_since = self._idle_poll_us if self._drained else None
         self._drained = False  # before reading: what is read counts as in progress
+        now = self.clock.now_us()
         raws = self.reader.poll(self.max_read_bytes, final=final)
         if not raws:
             self._drained = True
+            self._idle_poll_us = now
             return 0
         n = sum(len(r) for r in raws)
         changes, letters = self.decoder.decode(raws)
@@ -131,7 +138,7 @@ class Pipeline:
         if len(changes):
             self.watermark.observe(int(changes.event_times.max()))
             self.metrics.watermark.set(self.watermark.watermark / US_PER_S)
-        self.batcher.add(changes)
+        self.batcher.add(changes, arrived_us=idle_since)
         self.metrics.pending.set(self.batcher.pending)
         return n
 
