@@ -12,6 +12,8 @@ True
 89
 >>> w.observe(50); w.watermark  # a late change does not move W back
 89
+>>> w.is_late(89), w.is_late(90)
+(True, False)
 """
 
 from __future__ import annotations

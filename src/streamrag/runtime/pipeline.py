@@ -32,8 +32,7 @@ from streamrag.chunking import TokenSplitter, chunk_id, content_hash
 from streamrag.embed.base import Embedder, check_vectors
 from streamrag.errors import EmbedderError, StreamragError
 from streamrag.eventtime import BoundedOutOfOrderness
-from streamrag.index.base import CommitBatch, CommitResult, DocOp
-from streamrag.index.exact import ExactIndex
+from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
 from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
 from streamrag.runtime.metrics import Metrics
 from streamrag.sources.base import Source
@@ -69,7 +68,7 @@ class Pipeline:
         *,
         source: Source,
         embedder: Embedder,
-        index: ExactIndex,
+        index: VectorIndex,
         dead_letters: DeadLetterStore,
         clock: Clock,
         splitter: TokenSplitter | None = None,
