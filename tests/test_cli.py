@@ -95,3 +95,29 @@ def test_the_example_config_runs(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert '"live_docs": 1' in result.output
+
+
+def test_a_busy_port_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = runner.invoke(
+            app,
+            [
+                "serve",
+                "--port",
+                str(port),
+                "--set",
+                "embedder.class=hashing",
+                "--set",
+                f"source.path={tmp_path / 'none.jsonl'}",
+                "--set",
+                f"state_dir={tmp_path}",
+            ],
+        )
+    assert result.exit_code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "--port" in result.output

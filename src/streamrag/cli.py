@@ -73,8 +73,9 @@ def _settings(
 def _live(settings: Settings, *, banner: bool) -> None:
     """Start ingesting, show progress until caught up, then serve until Ctrl-C."""
     from streamrag.runtime.service import Service
-    from streamrag.serve.server import serve_forever
+    from streamrag.serve.server import check_port, serve_forever
 
+    check_port(settings.serve.host, settings.serve.port)
     console.print(f"[bold]streamrag[/] loading embedder [cyan]{settings.embedder.class_}[/] …")
     service = Service(settings)
     service.start()

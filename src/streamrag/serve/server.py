@@ -9,14 +9,30 @@ pending, before it returns.
 from __future__ import annotations
 
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
 
+from streamrag.errors import ConfigError
 from streamrag.runtime.service import Service
 from streamrag.serve.app import create_app
 
-__all__ = ["serve_forever"]
+__all__ = ["check_port", "serve_forever"]
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail early, before any ingesting, when ``host:port`` cannot be bound."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        msg = (
+            f"cannot listen on {host}:{port} ({exc.strerror}); stop what uses it, "
+            "or pick another port with --port or serve.port"
+        )
+        raise ConfigError(msg) from None
 
 
 def serve_forever(service: Service, *, host: str, port: int, log_level: str = "warning") -> None:
