@@ -238,6 +238,7 @@ class ExactIndex:
         applied = 0
         stale = len(batch.docs) - len(winners)
         hashes = batch.hashes
+        delete = Op.DELETE  # a local: enum attribute lookups are slow in loops
         for key, (version, d) in winners.items():
             state = docs.get(key)
             if state is not None and state.version >= version:
@@ -253,7 +254,7 @@ class ExactIndex:
                 else:
                     self._live_docs -= 1
             n = d.n_chunks
-            if d.op == Op.DELETE or n == 0:
+            if d.op == delete or n == 0:
                 docs[key] = DocState(version, deleted=True)
                 self._deleted_docs += 1
                 continue
