@@ -77,13 +77,15 @@ def _live(settings: Settings, *, banner: bool) -> None:
 
     check_port(settings.serve.host, settings.serve.port)
     console.print(f"[bold]streamrag[/] loading embedder [cyan]{settings.embedder.class_}[/] …")
-    service = Service(settings)
-    service.start()
+    service = None
     try:
+        service = Service(settings)
+        service.start()
         _progress(service)
     except KeyboardInterrupt:
         console.print("stopping …")
-        service.stop()
+        if service is not None:
+            service.stop()
         return
     host, port = settings.serve.host, settings.serve.port
     if banner:
@@ -119,7 +121,12 @@ def _progress(service: Any) -> None:
                 completed=read * done / max(1, st.ingested),
                 total=max(total, read),
                 info=f"{st.applied} applied · {st.dead_lettered} dead-lettered · "
-                f"epoch {service.index.epoch}",
+                f"epoch {service.index.epoch}"
+                + (
+                    f" · [red]retrying: {service.runner.last_error}[/]"
+                    if service.runner.errors and pipeline.uncommitted
+                    else ""
+                ),
             )
             wait_us = pipeline.batcher.wait_us()
             parked = wait_us is not None and wait_us > 1_000_000  # a long max_delay_ms
