@@ -63,11 +63,6 @@ class Change:
     offset: int = 0
 
     @property
-    def key(self) -> tuple[str, str]:
-        """The document this change is about: ``(tenant, doc_id)``."""
-        return (self.tenant, self.doc_id)
-
-    @property
     def version(self) -> tuple[Timestamp, int]:
         """Ordering of versions of one document: event time, then source offset."""
         return (self.event_time, self.offset)

@@ -91,7 +91,7 @@ def _live(settings: Settings, *, banner: bool) -> None:
     if banner:
         _banner(service, host, port)
     serve_forever(service, host=host, port=port)
-    st = service.status().body
+    st = service.status()
     console.print(
         f"stopped at epoch {st['epoch']}: {st['counts']['applied']} changes applied, "
         f"{st['counts']['dead_lettered']} dead-lettered"
@@ -140,7 +140,7 @@ def _progress(service: Any) -> None:
 
 def _banner(service: Any, host: str, port: int) -> None:
     url = f"http://{host}:{port}"
-    st = service.status().body
+    st = service.status()
     console.print(
         f"\n[bold green]streamrag is serving[/] {url}  ·  epoch {st['epoch']}  ·  "
         f"{st['index']['live_docs']} documents  ·  {st['counts']['dead_lettered']} dead letters "
@@ -218,7 +218,7 @@ def run(
             service = Service(settings)
             service.pipeline.run_until_caught_up(final=True)
             service.pipeline.close()
-            out.print_json(json.dumps(service.status().body))
+            out.print_json(json.dumps(service.status()))
         else:
             _live(settings, banner=True)
 

@@ -136,7 +136,6 @@ class CountingEmbedder:
     def __init__(self, inner: Embedder | None = None) -> None:
         self.inner = inner or FakeEmbedder()
         self.texts: list[str] = []
-        self.calls = 0
 
     @property
     def dim(self) -> int:
@@ -150,7 +149,6 @@ class CountingEmbedder:
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Record and delegate."""
-        self.calls += 1
         self.texts.extend(texts)
         return self.inner.embed_many(texts)
 

@@ -2,16 +2,50 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from streamrag.config import load_settings
 from streamrag.runtime.service import Service
 from streamrag.serve import create_app
 from streamrag.testing import FakeEmbedder, ManualClock, change_line
+
+
+def _service(tmp_path: Path, source: Path, *, embedder=None, clock=None, **overrides) -> Service:  # type: ignore[no-untyped-def]
+    """A hashing-embedder service over ``source``, caught up."""
+    settings = load_settings(
+        overrides={
+            "source.path": str(source),
+            "state_dir": str(tmp_path / "state"),
+            "embedder.class": "hashing",
+            **overrides,
+        },
+        environ={},
+    )
+    svc = Service(settings, embedder=embedder, clock=clock)
+    svc.pipeline.run_until_caught_up()
+    return svc
+
+
+def _top_docs_concurrently(app: FastAPI, queries: list[str]) -> list[str]:
+    """Send every query at once through the app (lifespan included); the top doc_id of each."""
+
+    async def main() -> list[str]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                rs = await asyncio.gather(
+                    *(c.post("/v1/retrieve", json={"query": q, "k": 1}) for q in queries)
+                )
+        return [r.json()["results"][0]["doc_id"] for r in rs]
+
+    return asyncio.run(main())
 
 
 @pytest.fixture
@@ -44,18 +78,13 @@ def service(tmp_path: Path) -> Service:
         )
         + "\n"
     )
-    settings = load_settings(
-        overrides={
-            "source.path": str(path),
-            "state_dir": str(tmp_path / "state"),
-            "embedder.class": "hashing",
-            "serve.max_k": 20,
-            "serve.query_workers": 1,
-        },
-        environ={},
+    svc = _service(
+        tmp_path,
+        path,
+        embedder=FakeEmbedder(),
+        clock=ManualClock(1_800_000_000_000_000),
+        **{"serve.max_k": 20, "serve.query_workers": 1},
     )
-    svc = Service(settings, embedder=FakeEmbedder(), clock=ManualClock(1_800_000_000_000_000))
-    svc.pipeline.run_until_caught_up()
     return svc
 
 
@@ -146,10 +175,7 @@ def test_metrics_and_health(client: TestClient) -> None:
 
 
 def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
-    import asyncio
     import time
-
-    import httpx
 
     calls: list[int] = []
     original = service.retrieve_many
@@ -167,19 +193,7 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
     service.retrieve_many = spy  # type: ignore[method-assign]
     app = create_app(service, manage_service=False)
 
-    async def main() -> list[str]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                rs = await asyncio.gather(
-                    *(
-                        c.post("/v1/retrieve", json={"query": q, "k": 1})
-                        for q in ["database password"] * 20 + ["parental leave"] * 5
-                    )
-                )
-        return [r.json()["results"][0]["doc_id"] for r in rs]
-
-    got = asyncio.run(main())
+    got = _top_docs_concurrently(app, ["database password"] * 20 + ["parental leave"] * 5)
     assert got[:20] == ["runbook-1"] * 20
     assert "hr-1" not in got[20:]  # each request got its own answer, in its own tenant
     # The requests that waited shared one embedding call and one search.
@@ -197,9 +211,6 @@ def test_openapi_documents_the_retrieve_body(client: TestClient) -> None:
 
 
 def test_several_query_workers_answer_each_request_correctly(tmp_path: Path) -> None:
-    import asyncio
-
-    import httpx
 
     path = tmp_path / "in.jsonl"
     path.write_text(
@@ -208,33 +219,8 @@ def test_several_query_workers_answer_each_request_correctly(tmp_path: Path) -> 
             for i in range(30)
         )
     )
-    settings = load_settings(
-        overrides={
-            "source.path": str(path),
-            "state_dir": str(tmp_path / "st"),
-            "embedder.class": "hashing",
-            "serve.query_workers": 3,
-            "serve.max_wait_ms": 0,
-        },
-        environ={},
-    )
-    svc = Service(settings)
-    svc.pipeline.run_until_caught_up()
+    svc = _service(tmp_path, path, **{"serve.query_workers": 3, "serve.max_wait_ms": 0})
     app = create_app(svc, manage_service=False)
 
-    async def main() -> list[str]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                rs = await asyncio.gather(
-                    *(
-                        c.post(
-                            "/v1/retrieve",
-                            json={"query": f"topic{i % 30} alpha{i % 30} beta{i % 30}", "k": 1},
-                        )
-                        for i in range(120)
-                    )
-                )
-        return [r.json()["results"][0]["doc_id"] for r in rs]
-
-    assert asyncio.run(main()) == [f"d{i % 30}" for i in range(120)]
+    queries = [f"topic{i % 30} alpha{i % 30} beta{i % 30}" for i in range(120)]
+    assert _top_docs_concurrently(app, queries) == [f"d{i % 30}" for i in range(120)]

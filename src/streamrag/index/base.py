@@ -53,11 +53,6 @@ class DocOp:
     first_chunk: int = 0
     n_chunks: int = 0
 
-    @property
-    def version(self) -> tuple[Timestamp, int]:
-        """``(event_time, offset)``: the larger version wins."""
-        return (self.event_time, self.offset)
-
 
 @dataclass(frozen=True, slots=True)
 class CommitBatch:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from threadpoolctl import threadpool_limits
@@ -36,14 +35,7 @@ from streamrag.timing import (
     format_timestamp,
 )
 
-__all__ = ["Service", "Status"]
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """A point-in-time view of the job, as ``GET /v1/status`` returns it."""
-
-    body: dict[str, Any]
+__all__ = ["Service"]
 
 
 class Service:
@@ -121,13 +113,14 @@ class Service:
         self.metrics.query_batch.observe(len(queries))
         return result
 
-    def status(self) -> Status:
-        """Epoch, watermark, counts, lag and freshness."""
+    def status(self) -> dict[str, Any]:
+        """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""
         st = self.pipeline.stats
         idx = self.index.stats()
         now = self.clock.now_us()
         wm = self.pipeline.watermark.watermark
         pending = self.pipeline.uncommitted
+        backlog = self.pipeline.reader.backlog_bytes()  # stats every file: read it once
         body: dict[str, Any] = {
             "epoch": idx.epoch,
             "watermark": None if wm == MIN_TIMESTAMP else format_timestamp(wm),
@@ -147,9 +140,9 @@ class Service:
                 "deleted_docs": idx.deleted_docs,
             },
             "ingest_lag": {
-                "backlog_bytes": self.pipeline.reader.backlog_bytes(),
+                "backlog_bytes": backlog,
                 "pending_changes": pending,
-                "caught_up": self.pipeline.caught_up,
+                "caught_up": self.pipeline.drained and pending == 0 and backlog == 0,
                 "watermark_lag_s": None if wm == MIN_TIMESTAMP else (now - wm) / US_PER_S,
             },
             "freshness": {
@@ -169,7 +162,7 @@ class Service:
             },
             "uptime_s": (now - self.started_us) / 1e6,
         }
-        return Status(body)
+        return body
 
 
 def _splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:

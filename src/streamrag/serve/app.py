@@ -17,19 +17,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from streamrag.errors import QueryError, StreamragError
 from streamrag.runtime.service import Service
 from streamrag.serve.batcher import QueryBatcher
-from streamrag.serve.retrieve import RetrieveASGI, answer
+from streamrag.serve.retrieve import RetrieveASGI, answer, encode_json
 from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse
 
 __all__ = ["create_app"]
-
-_encode = msgspec.json.Encoder().encode
 
 
 def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
@@ -97,7 +94,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     @app.get("/v1/status")
     async def status() -> Response:
         """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness."""
-        return Response(_encode(service.status().body), media_type="application/json")
+        return Response(encode_json(service.status()), media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -25,9 +25,10 @@ from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.schemas import RetrieveRequest
 from streamrag.timing import format_timestamp
 
-__all__ = ["RetrieveASGI", "answer"]
+__all__ = ["RetrieveASGI", "answer", "encode_json"]
 
-_encode = msgspec.json.Encoder().encode
+encode_json = msgspec.json.Encoder().encode
+"""Fast JSON encoding for responses (msgspec)."""
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -42,16 +43,16 @@ async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, b
         flt = _filter(req)
     except ValidationError as exc:
         detail = exc.errors(include_url=False, include_context=False)
-        return 422, _encode({"detail": detail})
+        return 422, encode_json({"detail": detail})
     except QueryError as exc:
-        return 400, _encode({"error": {"type": "QueryError", "message": str(exc)}})
+        return 400, encode_json({"error": {"type": "QueryError", "message": str(exc)}})
     epoch, hits = await batcher.retrieve(req.query, req.k, flt)
     payload = {
         "epoch": epoch,
         "took_ms": round((time.perf_counter() - started) * 1000, 3),
         "results": [_chunk(h) for h in hits],
     }
-    return 200, _encode(payload)
+    return 200, encode_json(payload)
 
 
 class RetrieveASGI:
