@@ -1,0 +1,210 @@
+"""Incremental aggregations for windows: fold each element into an accumulator.
+
+A window keeps one small accumulator, not the elements it has seen (unless you
+ask for the raw collection with :class:`Collect`). An :class:`Aggregator` says
+how to start one (``create``), fold an element in (``add``), combine two
+(``merge`` — needed when session windows merge, and to fold a batch's partial
+results into the running state) and read the answer out (``result``). This is
+Beam's ``CombineFn`` and Flink's ``AggregateFunction``.
+
+Aggregators may also offer ``add_grouped``: given a column of values and the
+group each belongs to, return one partial accumulator per group, computed with
+numpy. The window operator uses it to fold a whole micro-batch at once.
+
+Accumulators must be plain data (numbers, strings, lists) so that window state
+can be written into a checkpoint.
+
+>>> c = Count()
+>>> c.result(c.merge(c.add(c.create(), "x"), c.add(c.create(), "y")))
+2
+>>> m = Mean()
+>>> m.result(m.add(m.add(m.create(), 1.0), 2.0))
+1.5
+"""
+
+# ruff: noqa: D102  (the methods are documented once, on the Aggregator protocol)
+from __future__ import annotations
+
+import math
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["AGGREGATORS", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Sum"]
+
+
+class Aggregator(Protocol):
+    """How a window folds its elements into one result."""
+
+    name: str
+
+    def create(self) -> Any:
+        """An empty accumulator."""
+        ...
+
+    def add(self, acc: Any, value: Any) -> Any:
+        """Fold one element's value in; returns the new accumulator."""
+        ...
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """Combine two accumulators (order-independent for the built-ins)."""
+        ...
+
+    def result(self, acc: Any) -> Any:
+        """The window's answer from its accumulator."""
+        ...
+
+
+class Count:
+    """How many elements (values are ignored)."""
+
+    name = "count"
+    needs_value = False
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + 1
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+    def result(self, acc: int) -> int:
+        return acc
+
+    def add_grouped(
+        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
+    ) -> list[int]:
+        return np.bincount(groups, minlength=n_groups).tolist()  # type: ignore[no-any-return]
+
+
+class Sum:
+    """The sum of numeric values."""
+
+    name = "sum"
+    needs_value = True
+
+    def create(self) -> float:
+        return 0.0
+
+    def add(self, acc: float, value: Any) -> float:
+        return acc + float(value)
+
+    def merge(self, a: float, b: float) -> float:
+        return a + b
+
+    def result(self, acc: float) -> float:
+        return acc
+
+    def add_grouped(
+        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
+    ) -> list[float]:
+        assert values is not None
+        weights = values.astype(np.float64)
+        return np.bincount(groups, weights=weights, minlength=n_groups).tolist()  # type: ignore[no-any-return]
+
+
+class Min:
+    """The smallest numeric value."""
+
+    name = "min"
+    needs_value = True
+
+    def create(self) -> float:
+        return math.inf
+
+    def add(self, acc: float, value: Any) -> float:
+        return min(acc, float(value))
+
+    def merge(self, a: float, b: float) -> float:
+        return min(a, b)
+
+    def result(self, acc: float) -> float:
+        return acc
+
+    def add_grouped(
+        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
+    ) -> list[float]:
+        assert values is not None
+        out = np.full(n_groups, np.inf)
+        np.minimum.at(out, groups, values.astype(np.float64))
+        return out.tolist()  # type: ignore[no-any-return,unused-ignore]
+
+
+class Max:
+    """The largest numeric value."""
+
+    name = "max"
+    needs_value = True
+
+    def create(self) -> float:
+        return -math.inf
+
+    def add(self, acc: float, value: Any) -> float:
+        return max(acc, float(value))
+
+    def merge(self, a: float, b: float) -> float:
+        return max(a, b)
+
+    def result(self, acc: float) -> float:
+        return acc
+
+    def add_grouped(
+        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
+    ) -> list[float]:
+        assert values is not None
+        out = np.full(n_groups, -np.inf)
+        np.maximum.at(out, groups, values.astype(np.float64))
+        return out.tolist()  # type: ignore[no-any-return,unused-ignore]
+
+
+class Mean:
+    """The arithmetic mean of numeric values; the accumulator is ``[sum, count]``."""
+
+    name = "mean"
+    needs_value = True
+
+    def create(self) -> list[float]:
+        return [0.0, 0]
+
+    def add(self, acc: list[float], value: Any) -> list[float]:
+        return [acc[0] + float(value), acc[1] + 1]
+
+    def merge(self, a: list[float], b: list[float]) -> list[float]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+    def result(self, acc: list[float]) -> float:
+        return acc[0] / acc[1] if acc[1] else math.nan
+
+    def add_grouped(
+        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
+    ) -> list[list[float]]:
+        assert values is not None
+        sums = np.bincount(groups, weights=values.astype(np.float64), minlength=n_groups)
+        counts = np.bincount(groups, minlength=n_groups)
+        return [[s, c] for s, c in zip(sums.tolist(), counts.tolist(), strict=True)]
+
+
+class Collect:
+    """The raw values, in arrival order — the one aggregator that keeps elements."""
+
+    name = "collect"
+    needs_value = True
+
+    def create(self) -> list[Any]:
+        return []
+
+    def add(self, acc: list[Any], value: Any) -> list[Any]:
+        return [*acc, value]
+
+    def merge(self, a: list[Any], b: list[Any]) -> list[Any]:
+        return a + b
+
+    def result(self, acc: list[Any]) -> list[Any]:
+        return list(acc)
+
+
+AGGREGATORS: dict[str, type] = {cls.name: cls for cls in (Count, Sum, Min, Max, Mean, Collect)}
+"""Built-in aggregators by the name used in configuration."""
