@@ -157,6 +157,19 @@ class ChangeBatch:
             offsets=self.offsets[start:stop],
         )
 
+    def take(self, rows: Sequence[int]) -> ChangeBatch:
+        """The given rows, in the given order, as a new batch."""
+        idx = np.asarray(rows, dtype=np.intp)
+        return ChangeBatch(
+            tenants=[self.tenants[i] for i in rows],
+            doc_ids=[self.doc_ids[i] for i in rows],
+            ops=self.ops[idx],
+            event_times=self.event_times[idx],
+            payloads=[self.payloads[i] for i in rows],
+            sources=[self.sources[i] for i in rows],
+            offsets=self.offsets[idx],
+        )
+
     def __len__(self) -> int:
         return len(self.doc_ids)
 

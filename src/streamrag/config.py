@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from streamrag.errors import ConfigError
 
@@ -46,6 +46,7 @@ __all__ = [
     "ServeSettings",
     "Settings",
     "SourceSettings",
+    "WindowSettings",
     "load_settings",
     "parse_value",
 ]
@@ -98,11 +99,44 @@ class ChunkingSettings(_Frozen):
 
 
 class BatcherSettings(_Frozen):
-    """The micro-batcher: a batch is flushed at whichever limit comes first."""
+    """The micro-batcher: a partition's batch is flushed at whichever limit comes first."""
 
-    max_batch_size: int = Field(256, gt=0, description="Changes per micro-batch.")
+    max_batch_size: int = Field(
+        256, gt=0, description="Most chunks per micro-batch (a delete counts as one)."
+    )
+    max_batch_tokens: int | None = Field(
+        32_768, gt=0, description="Most tokens per micro-batch (none: no token limit)."
+    )
     max_delay_ms: int = Field(
-        20, ge=0, description="Processing-time deadline from the first pending change."
+        20, ge=0, description="Processing-time deadline from a partition's oldest change."
+    )
+    max_pending: int | None = Field(
+        None,
+        gt=0,
+        description="Chunks waiting before sources pause (backpressure); "
+        "default: 4 x max_batch_size.",
+    )
+    partition_key: list[str] = Field(
+        default_factory=lambda: ["tenant", "domain", "date"],
+        min_length=1,
+        description="Fields that keep a batch topically local: tenant, domain, doc_id, "
+        "source, op, date (event-time bucket) or metadata.NAME.",
+    )
+    date_bucket_ms: int = Field(
+        86_400_000, gt=0, description="Width of the 'date' bucket in the partition key."
+    )
+    tick_ms: int | None = Field(
+        None,
+        gt=0,
+        description="Also flush on processing-time ticks aligned to the epoch, so batches "
+        "and window firings run on one schedule (the hybrid operator).",
+    )
+    adaptive: bool = Field(
+        True, description="Size batches to target_embed_ms, between min and max size."
+    )
+    min_batch_size: int = Field(1, gt=0, description="Smallest target the controller sets.")
+    target_embed_ms: float = Field(
+        200.0, gt=0, description="Embed latency per batch the adaptive controller aims for."
     )
 
 
@@ -124,11 +158,71 @@ class IndexSettings(_Frozen):
     initial_capacity: int = Field(1024, gt=0, description="Rows allocated up front; grows x2.")
 
 
+class WindowSettings(_Frozen):
+    """One window aggregation over the change stream (counts, rates, metrics)."""
+
+    name: str = Field(..., min_length=1, description="Name in results, metrics and the API.")
+    kind: Literal["tumbling", "sliding", "session"] = Field("tumbling", description="Window kind.")
+    size_ms: int | None = Field(None, gt=0, description="Window length (tumbling, sliding).")
+    slide_ms: int | None = Field(None, gt=0, description="Start-to-start spacing (sliding).")
+    gap_ms: int | None = Field(None, gt=0, description="Inactivity that ends a session.")
+    offset_ms: int = Field(0, description="Shift of window starts from the epoch.")
+    key: list[str] = Field(
+        default_factory=lambda: ["domain"],
+        min_length=1,
+        description="Fields the windows are keyed by: tenant, domain, doc_id, source, op "
+        "or metadata.NAME.",
+    )
+    aggregate: Literal["count", "sum", "min", "max", "mean", "collect"] = Field(
+        "count", description="What each window computes."
+    )
+    value: str | None = Field(
+        None, description="Field aggregated (metadata.NAME); needed for all but count."
+    )
+    allowed_lateness_ms: int = Field(
+        0, ge=0, description="How long a fired window still accepts late changes."
+    )
+    accumulation: Literal["accumulating", "discarding"] = Field(
+        "accumulating", description="Whether later results repeat earlier elements."
+    )
+    early_every_ms: int | None = Field(
+        None, gt=0, description="Emit EARLY results of open windows this often."
+    )
+    keep_results: int = Field(1000, gt=0, description="Latest results kept for the API.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> WindowSettings:
+        needs = {"tumbling": ["size_ms"], "sliding": ["size_ms", "slide_ms"], "session": ["gap_ms"]}
+        missing = [f for f in needs[self.kind] if getattr(self, f) is None]
+        if missing:
+            msg = f"a {self.kind} window needs {' and '.join(missing)}"
+            raise ValueError(msg)
+        if self.aggregate != "count" and self.value is None:
+            msg = f"aggregate {self.aggregate!r} needs value: the field to aggregate"
+            raise ValueError(msg)
+        return self
+
+
 class EventTimeSettings(_Frozen):
-    """Event-time progress reported as the watermark."""
+    """Watermarks and window aggregations."""
 
     max_out_of_orderness_ms: int = Field(
         0, ge=0, description="How late a change may arrive behind the newest one seen."
+    )
+    idle_timeout_ms: int | None = Field(
+        60_000,
+        gt=0,
+        description="A source partition silent this long stops holding the watermark back.",
+    )
+    mode: Literal["micro_batch", "per_event"] = Field(
+        "micro_batch",
+        description="Move the watermark once per batch (checkpoint-consistent) or per change.",
+    )
+    windows: list[WindowSettings] = Field(
+        default_factory=list, description="Window aggregations to run."
+    )
+    late_to_dead_letter: bool = Field(
+        True, description="Keep late changes (and ones missing a window's value) there."
     )
 
 
@@ -312,9 +406,15 @@ def reference_markdown() -> str:
             if isinstance(ann, type) and issubclass(ann, BaseModel):
                 walk(ann, key + ".")
                 continue
-            default = field.get_default(call_default_factory=True)
-            shown = str(default) if not isinstance(default, str) else repr(default)
+            if field.is_required():
+                shown = "required"
+            else:
+                default = field.get_default(call_default_factory=True)
+                shown = str(default) if not isinstance(default, str) else repr(default)
             rows.append(f"| `{key}` | `{shown}` | {field.description or ''} |")
+            inner: tuple[Any, ...] = getattr(ann, "__args__", ())
+            if len(inner) == 1 and isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
+                walk(inner[0], key + "[].")
 
     walk(Settings, "")
     return "\n".join(rows)

@@ -172,10 +172,10 @@ def test_embedder_failure_keeps_the_batch_pending(pipeline_factory: PipelineFact
 
 
 class BrokenSplitter(TokenSplitter):
-    def split(self, text: str) -> list[str]:
+    def split_counted(self, text: str) -> tuple[list[str], int]:
         if "poison" in text:
             raise RuntimeError("cannot split this")
-        return super().split(text)
+        return super().split_counted(text)
 
 
 def test_a_stage_error_dead_letters_one_record_not_the_batch(

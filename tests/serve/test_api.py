@@ -98,7 +98,8 @@ def test_retrieve_returns_scored_chunks_from_one_epoch(client: TestClient) -> No
     r = client.post("/v1/retrieve", json={"query": "database password", "k": 2})
     assert r.status_code == 200
     body = r.json()
-    assert body["epoch"] == 1
+    # three partitions (tenant, domain, day): three micro-batches, three epochs
+    assert body["epoch"] == 3
     assert [x["doc_id"] for x in body["results"]] == ["runbook-1", "faq-1"]
     top = body["results"][0]
     assert top["score"] > body["results"][1]["score"]
@@ -152,7 +153,7 @@ def test_bad_requests_say_what_to_fix(
 
 def test_status_counts_add_up(client: TestClient) -> None:
     body = client.get("/v1/status").json()
-    assert body["epoch"] == 1
+    assert body["epoch"] == 3  # one commit per partition
     c = body["counts"]
     assert (c["ingested"], c["applied"], c["dead_lettered"], c["pending"]) == (4, 3, 1, 0)
     assert c["ingested"] == c["applied"] + c["dead_lettered"] + c["pending"]
@@ -169,7 +170,7 @@ def test_metrics_and_health(client: TestClient) -> None:
     text = client.get("/metrics").text
     assert "streamrag_changes_ingested_total 4.0" in text
     assert 'streamrag_dead_letters_total{stage="decode"} 1.0' in text
-    assert "streamrag_index_epoch 1.0" in text
+    assert "streamrag_index_epoch 3.0" in text
     assert "streamrag_query_seconds_count 1.0" in text
     assert client.get("/healthz").json() == {"status": "ok"}
 

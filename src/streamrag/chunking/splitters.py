@@ -55,9 +55,17 @@ class TokenSplitter:
 
     def split(self, text: str) -> list[str]:
         """Return the chunks of ``text`` in order (one chunk for a short text)."""
+        return self.split_counted(text)[0]
+
+    def split_counted(self, text: str) -> tuple[list[str], int]:
+        """The chunks of ``text`` and its token count (chunk overlap not included)."""
+        total = self.count_tokens(text)
+        if total <= self.max_tokens:
+            return ([text] if text.strip() else []), total
+        return self._split_long(text), total
+
+    def _split_long(self, text: str) -> list[str]:
         count = self.count_tokens
-        if count(text) <= self.max_tokens:
-            return [text] if text.strip() else []
         chunks: list[str] = []
         current: list[str] = []
         size = 0

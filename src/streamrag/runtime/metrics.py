@@ -51,6 +51,46 @@ class Metrics:
         self.watermark = Gauge(
             "streamrag_watermark_seconds", "Event-time watermark (Unix seconds).", registry=r
         )
+        self.watermark_lag = Gauge(
+            "streamrag_watermark_lag_seconds",
+            "Processing time minus the watermark: how far event time trails the clock.",
+            registry=r,
+        )
+        self.window_results = Counter(
+            "streamrag_window_results",
+            "Window results emitted, by window and timing (early, on_time, late).",
+            ["window", "timing"],
+            registry=r,
+        )
+        self.window_late = Counter(
+            "streamrag_window_late_changes",
+            "Changes that arrived after every window they belong to expired.",
+            ["window"],
+            registry=r,
+        )
+        self.batch_chunks = Histogram(
+            "streamrag_batch_chunks",
+            "Chunks per committed micro-batch.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.batch_reasons = Counter(
+            "streamrag_batches",
+            "Micro-batches cut, by what cut them (size, deadline, watermark, forced).",
+            ["reason"],
+            registry=r,
+        )
+        self.batch_target = Gauge(
+            "streamrag_batch_target_chunks",
+            "The adaptive controller's target batch size.",
+            registry=r,
+        )
+        self.batch_decisions = Counter(
+            "streamrag_batch_controller_decisions",
+            "Adaptive controller steps, by action (grow, shrink, hold).",
+            ["action"],
+            registry=r,
+        )
         self.freshness = Histogram(
             "streamrag_commit_freshness_seconds",
             "Processing time from reading the oldest change of a batch to its commit.",

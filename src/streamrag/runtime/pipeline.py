@@ -2,47 +2,69 @@
 
 ::
 
-    source ─► decode (dead letters) ─► micro-batcher ─► last-writer-wins
-           ─► chunk + content hash ─► embed what changed ─► commit one epoch
+    source ─► decode (dead letters) ─► event time (watermark, windows, late output)
+           ─► chunk ─► micro-batcher (partitioned; size, deadline, watermark)
+           ─► last-writer-wins ─► embed what changed ─► commit one epoch
 
-One call of :meth:`Pipeline.step` reads what the source has (unless the batcher
-is full, which is how backpressure reaches the source) and commits every batch
-that is due. The pipeline never sleeps and never reads the wall clock itself:
-time comes from the injected :class:`~streamrag.timing.Clock`, so tests drive it
-with a :class:`~streamrag.testing.ManualClock`. :mod:`.executor` runs it in a
-thread for a live job.
+The pipeline has two halves that can run in two threads (see :mod:`.executor`),
+so the next batch is decoded and chunked while the current one embeds:
+
+* :meth:`Pipeline.poll` reads what the source has (unless the batcher is full,
+  which is how backpressure reaches the source), decodes it, runs the event-time
+  stage and chunks each upsert, then queues the changes in the batcher;
+* :meth:`Pipeline.flush` takes every batch that is due, embeds it and commits it.
+
+:meth:`Pipeline.step` does one of each, for a single thread. The pipeline never
+sleeps and never reads the wall clock itself: time comes from the injected
+:class:`~streamrag.timing.Clock`, so tests drive it with a
+:class:`~streamrag.testing.ManualClock`.
 
 Accounting (invariant 4, nothing lost): every record read is either applied
 (committed, or found stale by last-writer-wins), dead-lettered with its reason,
 or not yet committed — ``ingested == applied + dead_lettered + uncommitted``.
+Window side outputs (late changes, changes without the value a window needs)
+are also kept in the dead-letter store, under their own stages, but those
+changes are applied to the index all the same and are counted apart.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from streamrag.batching import MicroBatcher, PendingBatch
-from streamrag.changes import Op
+from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey, PendingBatch
+from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import TokenSplitter, chunk_id, content_hash
 from streamrag.embed.base import Embedder, check_vectors
 from streamrag.errors import EmbedderError, StreamragError
-from streamrag.eventtime import BoundedOutOfOrderness
+from streamrag.eventtime import EventTimeStage, StageOutput, WatermarkTracker, WindowResult
 from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
 from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
 from streamrag.runtime.metrics import Metrics
 from streamrag.sources.base import Source
-from streamrag.timing import US_PER_S, Clock, Timestamp
+from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Duration, Timestamp
 
-__all__ = ["CommitHook", "Pipeline", "PipelineStats"]
+__all__ = ["CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
 
 log = logging.getLogger("streamrag.pipeline")
 
 CommitHook = Callable[[CommitBatch, CommitResult], None]
+WindowHook = Callable[[str, WindowResult], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A change's chunks and their content hashes, made before it is queued."""
+
+    chunks: list[str]
+    hashes: list[bytes]
+    tokens: int
 
 
 @dataclass
@@ -58,6 +80,9 @@ class PipelineStats:
     commits: int = 0
     last_commit_us: Timestamp | None = None
     last_freshness_us: int | None = None
+    window_results: int = 0
+    window_late: int = 0
+    window_invalid: int = 0
 
 
 class Pipeline:
@@ -76,9 +101,16 @@ class Pipeline:
         max_batch_size: int = 256,
         max_delay_ms: int = 20,
         max_read_bytes: int = 1 << 20,
-        watermark: BoundedOutOfOrderness | None = None,
+        max_batch_tokens: int | None = None,
+        max_pending: int | None = None,
+        partition: PartitionKey | None = None,
+        controller: AdaptiveController | None = None,
+        tick_us: Duration | None = None,
+        event_time: EventTimeStage | None = None,
+        window_side_output: bool = True,
         metrics: Metrics | None = None,
         on_commit: Sequence[CommitHook] = (),
+        on_window: Sequence[WindowHook] = (),
         resume: Mapping[str, int] | None = None,
     ) -> None:
         if embedder.dim != index.dim:
@@ -95,16 +127,31 @@ class Pipeline:
         self.splitter = splitter or TokenSplitter()
         self.decoder = decoder or Decoder()
         self.batcher = MicroBatcher(
-            max_batch_size=max_batch_size, max_delay_ms=max_delay_ms, clock=clock
+            max_batch_size=max_batch_size,
+            max_delay_ms=max_delay_ms,
+            clock=clock,
+            max_batch_tokens=max_batch_tokens,
+            max_pending=max_pending,
+            partition=partition,
+            controller=controller,
+            tick_us=tick_us,
         )
         self.max_read_bytes = max_read_bytes
-        self.watermark = watermark or BoundedOutOfOrderness()
+        self.event_time = event_time or EventTimeStage(WatermarkTracker(clock=clock))
+        self.window_side_output = window_side_output
         self.metrics = metrics or Metrics()
         self.on_commit = list(on_commit)
+        self.on_window = list(on_window)
         self.stats = PipelineStats()
         self._in_flight = 0
         self._drained = False
         self._idle_poll_us: Timestamp = 0
+        self._stats_lock = threading.Lock()
+
+    @property
+    def watermark(self) -> Timestamp:
+        """The pipeline watermark (minimum over active source partitions)."""
+        return self.event_time.watermark
 
     # -- the loop body ---------------------------------------------------------
 
@@ -115,7 +162,12 @@ class Pipeline:
         return read > 0 or committed > 0
 
     def poll(self, *, final: bool = False) -> int:
-        """Read from the source into the batcher, unless it is full. Returns records read."""
+        """Read, decode, window and chunk what the source has, unless the batcher is full.
+
+        Returns the number of records read.
+        """
+        now = self.clock.now_us()
+        self._windows(self.event_time.on_processing_time(now), None)
         if self.batcher.full:
             return 0
         # Data found now landed after the last poll that found nothing: the
@@ -123,7 +175,6 @@ class Pipeline:
         # write, not from our read (which is up to a poll interval later).
         idle_since = self._idle_poll_us if self._drained else None
         self._drained = False  # before reading: what is read counts as in progress
-        now = self.clock.now_us()
         raws = self.reader.poll(self.max_read_bytes, final=final)
         if not raws:
             self._drained = True
@@ -131,15 +182,92 @@ class Pipeline:
             return 0
         n = sum(len(r) for r in raws)
         changes, letters = self.decoder.decode(raws)
-        self.stats.ingested += n
+        with self._stats_lock:
+            self.stats.ingested += n
         self.metrics.ingested.inc(n)
         self._dead_letter(letters)
         if len(changes):
-            self.watermark.observe(int(changes.event_times.max()))
-            self.metrics.watermark.set(self.watermark.watermark / US_PER_S)
-        self.batcher.add(changes, arrived_us=idle_since)
+            self._windows(self.event_time.process(changes), changes)
+            changes, prepared, letters = self._prepare(changes)
+            self._dead_letter(letters)
+            self.batcher.add(
+                changes,
+                arrived_us=idle_since,
+                prepared=prepared,
+                chunks=[len(p.chunks) if p else 1 for p in prepared],
+                tokens=[p.tokens if p else 0 for p in prepared],
+            )
         self.metrics.pending.set(self.batcher.pending)
         return n
+
+    def finish_event_time(self) -> int:
+        """End of a bounded input: the watermark goes to +inf and every window fires."""
+        out = self.event_time.finish()
+        self._windows(out, None)
+        return len(out.results)
+
+    def _windows(self, out: StageOutput, changes: ChangeBatch | None) -> None:
+        """Route window results to hooks and metrics, side outputs to the dead-letter store."""
+        wm = self.event_time.watermark
+        self.batcher.set_watermark(wm)
+        if wm != MIN_TIMESTAMP:
+            self.metrics.watermark.set(wm / US_PER_S)
+            self.metrics.watermark_lag.set(max(0, self.clock.now_us() - wm) / US_PER_S)
+        for name, result in out.results:
+            self.metrics.window_results.labels(window=name, timing=result.timing.value).inc()
+            for hook in self.on_window:
+                hook(name, result)
+        letters = []
+        for name, el in out.late:
+            self.metrics.window_late.labels(window=name).inc()
+            if changes is not None and self.window_side_output:
+                reason = (
+                    f"late for window {name!r}: event time {el.event_time} µs is behind "
+                    f"the watermark {el.watermark} µs beyond the allowed lateness; the "
+                    "change was applied to the index but not counted in the window"
+                )
+                letters.append(_letter(changes, el.index, f"window-late:{name}", reason))
+        for name, row, reason in out.invalid:
+            if changes is not None and self.window_side_output:
+                letters.append(_letter(changes, row, f"window-value:{name}", reason))
+        with self._stats_lock:
+            self.stats.window_results += len(out.results)
+            self.stats.window_late += len(out.late)
+            self.stats.window_invalid += len(out.invalid)
+        if letters:
+            self.dead_letters.add_many(letters, self.clock.now_us())
+
+    def _prepare(
+        self, changes: ChangeBatch
+    ) -> tuple[ChangeBatch, list[Prepared | None], list[DeadLetter]]:
+        """Chunk every upsert; a change that cannot be chunked is dead-lettered."""
+        prepared: list[Prepared | None] = []
+        letters: list[DeadLetter] = []
+        keep: list[int] = []
+        split = self.splitter.split_counted
+        for i, (op, payload) in enumerate(zip(changes.ops.tolist(), changes.payloads, strict=True)):
+            if op == Op.DELETE:
+                prepared.append(None)
+                keep.append(i)
+                continue
+            try:
+                chunks, tokens = split(payload["text"])
+            except Exception as exc:  # a stage error must not stop the stream
+                letters.append(
+                    DeadLetter(
+                        changes.sources[i],
+                        int(changes.offsets[i]),
+                        "chunk",
+                        f"chunking failed: {type(exc).__name__}: {exc}",
+                        repr(dict(payload))[:64_000],
+                    )
+                )
+                continue
+            prepared.append(Prepared(chunks, [content_hash(c) for c in chunks], tokens))
+            keep.append(i)
+        if len(keep) < len(changes):
+            changes = changes.take(keep)
+        return changes, prepared, letters
 
     def flush(self, *, force: bool = False) -> int:
         """Commit every batch that is due (every pending one if ``force``). Returns commits."""
@@ -229,8 +357,7 @@ class Pipeline:
         embed_slots: list[int] = []
         reuse_slots: list[int] = []
         reuse_rows: list[int] = []
-        letters: list[DeadLetter] = []
-        split = self.splitter.split
+        prepared = pending.prepared or [None] * len(changes)
         index = self.index
         for (tenant, doc_id), i in winners.items():
             version = (times[i], offsets[i])
@@ -245,25 +372,14 @@ class Pipeline:
                     DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], changes.sources[i])
                 )
                 continue
-            try:
-                chunks = split(payload["text"])
-            except Exception as exc:  # a stage error must not stop the stream
-                letters.append(
-                    DeadLetter(
-                        changes.sources[i],
-                        offsets[i],
-                        "chunk",
-                        f"chunking failed: {type(exc).__name__}: {exc}",
-                        repr(dict(payload))[:64_000],
-                    )
-                )
-                continue
+            prep = prepared[i]
+            assert prep is not None  # every upsert was chunked before it was queued
+            chunks = prep.chunks
             old = {}
             if state is not None and not state.deleted:
                 old = dict(zip(state.hashes, state.rows, strict=True))
             first = len(texts)
-            for pos, chunk in enumerate(chunks):
-                h = content_hash(chunk)
+            for pos, (chunk, h) in enumerate(zip(chunks, prep.hashes, strict=True)):
                 slot = len(texts)
                 row = old.get(h)
                 if row is None:
@@ -302,7 +418,15 @@ class Pipeline:
                     raise
                 msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
                 raise EmbedderError(msg) from exc
-            self.metrics.embed_seconds.observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            self.metrics.embed_seconds.observe(took)
+            controller = self.batcher.controller
+            if controller is not None:
+                action = controller.observe(
+                    len(embed_slots), took, queued=self.batcher.pending_chunks
+                )
+                self.metrics.batch_decisions.labels(action=action).inc()
+                self.metrics.batch_target.set(controller.target)
         if reuse_slots:
             vectors[reuse_slots] = index.vectors_at(reuse_rows)
 
@@ -317,18 +441,20 @@ class Pipeline:
         )
         result = index.commit(batch)
         now = self.clock.now_us()
-        self._dead_letter(letters)
         st = self.stats
-        applied = len(changes) - len(letters)
+        applied = len(changes)
         stale += result.stale_docs
-        st.applied += applied
-        st.stale += stale
-        st.chunks_embedded += len(embed_slots)
-        st.chunks_reused += len(reuse_slots)
-        st.commits += 1
-        st.last_commit_us = now
-        st.last_freshness_us = now - pending.first_arrival_us
+        with self._stats_lock:
+            st.applied += applied
+            st.stale += stale
+            st.chunks_embedded += len(embed_slots)
+            st.chunks_reused += len(reuse_slots)
+            st.commits += 1
+            st.last_commit_us = now
+            st.last_freshness_us = now - pending.first_arrival_us
         m = self.metrics
+        m.batch_chunks.observe(pending.chunks)
+        m.batch_reasons.labels(reason=pending.reason).inc()
         m.applied.inc(applied)
         m.stale.inc(stale)
         m.chunks_embedded.inc(len(embed_slots))
@@ -346,7 +472,8 @@ class Pipeline:
         if not letters:
             return
         self.dead_letters.add_many(letters, self.clock.now_us())
-        self.stats.dead_lettered += len(letters)
+        with self._stats_lock:
+            self.stats.dead_lettered += len(letters)
         for letter in letters:
             self.metrics.dead_letters.labels(stage=letter.stage).inc()
             log.warning(
@@ -356,3 +483,16 @@ class Pipeline:
                 letter.stage,
                 letter.reason,
             )
+
+
+def _letter(changes: ChangeBatch, row: int, stage: str, reason: str) -> DeadLetter:
+    """A dead letter for a decoded change: the change itself, as JSON, is the record."""
+    record = {
+        "tenant": changes.tenants[row],
+        "doc_id": changes.doc_ids[row],
+        "op": "delete" if changes.ops[row] == Op.DELETE else "upsert",
+        "event_time_us": int(changes.event_times[row]),
+        **dict(changes.payloads[row]),
+    }
+    raw = json.dumps(record, ensure_ascii=False, default=str)[:64_000]
+    return DeadLetter(changes.sources[row], int(changes.offsets[row]), stage, reason, raw)

@@ -14,10 +14,21 @@ from typing import Any
 
 from threadpoolctl import threadpool_limits
 
+from streamrag.batching import AdaptiveController, PartitionKey
 from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, build_embedder, check_vectors
-from streamrag.eventtime import BoundedOutOfOrderness
+from streamrag.eventtime import (
+    AGGREGATORS,
+    Accumulation,
+    EventTimeStage,
+    Mode,
+    NamedWindow,
+    Session,
+    Sliding,
+    WatermarkTracker,
+    WindowedAggregation,
+)
 from streamrag.index.base import Hit, SearchFilter
 from streamrag.index.exact import ExactIndex
 from streamrag.ingest import DeadLetterStore, Decoder
@@ -27,6 +38,7 @@ from streamrag.runtime.pipeline import Pipeline
 from streamrag.sources.base import Source
 from streamrag.sources.files import JsonlSource
 from streamrag.timing import (
+    MAX_TIMESTAMP,
     MIN_TIMESTAMP,
     US_PER_MS,
     US_PER_S,
@@ -59,6 +71,7 @@ class Service:
             self.embedder.dim, initial_capacity=settings.index.initial_capacity, clock=self.clock
         )
         ingest = settings.ingest
+        batcher = settings.batcher
         src = source or JsonlSource(
             settings.source.path,
             glob=settings.source.glob,
@@ -76,12 +89,18 @@ class Service:
             decoder=Decoder(
                 default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
             ),
-            max_batch_size=settings.batcher.max_batch_size,
-            max_delay_ms=settings.batcher.max_delay_ms,
-            max_read_bytes=settings.source.max_read_bytes,
-            watermark=BoundedOutOfOrderness(
-                settings.event_time.max_out_of_orderness_ms * US_PER_MS
+            max_batch_size=batcher.max_batch_size,
+            max_delay_ms=batcher.max_delay_ms,
+            max_batch_tokens=batcher.max_batch_tokens,
+            max_pending=batcher.max_pending or 4 * batcher.max_batch_size,
+            partition=PartitionKey(
+                tuple(batcher.partition_key), batcher.date_bucket_ms * US_PER_MS
             ),
+            controller=_controller(settings),
+            tick_us=None if batcher.tick_ms is None else batcher.tick_ms * US_PER_MS,
+            max_read_bytes=settings.source.max_read_bytes,
+            event_time=build_event_time(settings, self.clock),
+            window_side_output=settings.event_time.late_to_dead_letter,
             metrics=self.metrics,
         )
         self.runner = PipelineRunner(
@@ -118,12 +137,36 @@ class Service:
         st = self.pipeline.stats
         idx = self.index.stats()
         now = self.clock.now_us()
-        wm = self.pipeline.watermark.watermark
+        wm = self.pipeline.watermark
+        tracker = self.pipeline.event_time.tracker
+        batcher = self.pipeline.batcher
         pending = self.pipeline.uncommitted
         backlog = self.pipeline.reader.backlog_bytes()  # stats every file: read it once
         body: dict[str, Any] = {
             "epoch": idx.epoch,
-            "watermark": None if wm == MIN_TIMESTAMP else format_timestamp(wm),
+            "watermark": _time(wm),
+            "event_time": {
+                "watermark": _time(wm),
+                "lag_s": None if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP) else (now - wm) / US_PER_S,
+                "max_event_time": _time(tracker.max_seen()),
+                "partitions": len(tracker.snapshot()["inputs"]),
+                "active_partitions": len(tracker.active()),
+                "mode": self.pipeline.event_time.mode.value,
+                "windows": {
+                    w.name: {"open": w.operator.open_windows, "late": st_late}
+                    for w, st_late in zip(
+                        self.pipeline.event_time.windows,
+                        self.pipeline.event_time.late_counts.values(),
+                        strict=True,
+                    )
+                },
+            },
+            "batcher": {
+                "target_size": batcher.target_size,
+                "pending_chunks": batcher.pending_chunks,
+                "partitions": batcher.partitions,
+                "full": batcher.full,
+            },
             "counts": {
                 "ingested": st.ingested,
                 "applied": st.applied,
@@ -133,6 +176,9 @@ class Service:
                 "chunks_embedded": st.chunks_embedded,
                 "chunks_reused": st.chunks_reused,
                 "commits": st.commits,
+                "window_results": st.window_results,
+                "window_late": st.window_late,
+                "window_invalid": st.window_invalid,
             },
             "index": {
                 "live_docs": idx.live_docs,
@@ -143,7 +189,9 @@ class Service:
                 "backlog_bytes": backlog,
                 "pending_changes": pending,
                 "caught_up": self.pipeline.drained and pending == 0 and backlog == 0,
-                "watermark_lag_s": None if wm == MIN_TIMESTAMP else (now - wm) / US_PER_S,
+                "watermark_lag_s": None
+                if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP)
+                else (now - wm) / US_PER_S,
             },
             "freshness": {
                 "last_batch_ms": None
@@ -172,3 +220,56 @@ def _splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
     if chunking.tokens == "words" or not callable(count):
         count = count_words
     return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
+
+
+def _time(ts: int) -> str | None:
+    """A watermark or event time for people: None before anything, 'end' after a replay."""
+    if ts == MIN_TIMESTAMP:
+        return None
+    if ts == MAX_TIMESTAMP:
+        return "end"
+    return format_timestamp(ts)
+
+
+def _controller(settings: Settings) -> AdaptiveController | None:
+    b = settings.batcher
+    if not b.adaptive:
+        return None
+    low = min(b.min_batch_size, b.max_batch_size)
+    return AdaptiveController(
+        min_size=low,
+        max_size=b.max_batch_size,
+        target_latency_s=b.target_embed_ms / 1000,
+        initial=max(low, min(b.max_batch_size, 16)),
+    )
+
+
+def build_event_time(settings: Settings, clock: Clock) -> EventTimeStage:
+    """The event-time stage from settings: the watermark tracker and the windows."""
+    et = settings.event_time
+    tracker = WatermarkTracker(
+        bound_us=et.max_out_of_orderness_ms * US_PER_MS,
+        idle_timeout_us=None if et.idle_timeout_ms is None else et.idle_timeout_ms * US_PER_MS,
+        clock=clock,
+    )
+    windows = []
+    for w in et.windows:
+        ms = US_PER_MS
+        if w.kind == "session":
+            assert w.gap_ms is not None
+            assigner: Session | Sliding = Session(w.gap_ms * ms)
+        else:
+            assert w.size_ms is not None
+            slide = w.size_ms if w.kind == "tumbling" else w.slide_ms
+            assert slide is not None
+            assigner = Sliding(w.size_ms * ms, slide * ms, w.offset_ms * ms)
+        op = WindowedAggregation(
+            assigner,
+            AGGREGATORS[w.aggregate](),
+            allowed_lateness_us=w.allowed_lateness_ms * ms,
+            accumulation=Accumulation(w.accumulation),
+            early_every_us=None if w.early_every_ms is None else w.early_every_ms * ms,
+            name=w.name,
+        )
+        windows.append(NamedWindow(w.name, op, tuple(w.key), w.value, w.keep_results))
+    return EventTimeStage(tracker, windows, mode=Mode(et.mode))
