@@ -1,12 +1,23 @@
-"""Run a pipeline live, in a background thread, until told to stop.
+"""Run a pipeline live, in background threads, until told to stop.
 
-The loop calls :meth:`Pipeline.step`; when there was nothing to do it waits for
-the sooner of the poll interval and the batcher's deadline, so a pending batch
-is committed on time and an idle source costs a few system calls per second.
-Waiting uses :class:`threading.Event` so :meth:`PipelineRunner.stop` wakes it at
-once. On stop the pending batch is committed before the thread ends.
+Two threads overlap the stages, with the bounded batcher between them:
 
-Errors from a stage (say, an embedder that times out) do not end the loop: the
+* the **reader** calls :meth:`Pipeline.poll` — read, decode, event time, chunk,
+  queue — and waits one poll interval when the source had nothing (or the
+  batcher is full: that wait is the backpressure on the source);
+* the **committer** calls :meth:`Pipeline.flush` — embed and commit what is due —
+  and otherwise sleeps until the batcher's next deadline or until the reader
+  queues something.
+
+So the next batch is decoded and chunked while the current one embeds; the
+embedder (which releases the GIL) is not left idle while Python parses JSON.
+``overlap=False`` runs both halves in one thread (:meth:`Pipeline.step`).
+
+Waiting uses :class:`threading.Event`, so :meth:`PipelineRunner.stop` wakes
+both at once. On stop the reader ends first, then the committer commits
+everything pending before the pipeline is closed.
+
+Errors from a stage (say, an embedder that times out) do not end a loop: the
 batch stays pending, the error is logged and counted, and the loop retries
 after a back-off.
 """
@@ -15,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from streamrag.errors import StreamragError
 from streamrag.runtime.pipeline import Pipeline
@@ -25,64 +37,117 @@ log = logging.getLogger("streamrag.executor")
 
 
 class PipelineRunner:
-    """Drives a :class:`Pipeline` in a daemon thread."""
+    """Drives a :class:`Pipeline` in daemon threads."""
 
     def __init__(
-        self, pipeline: Pipeline, *, poll_interval_ms: int = 2, max_backoff_s: float = 5.0
+        self,
+        pipeline: Pipeline,
+        *,
+        poll_interval_ms: int = 2,
+        max_backoff_s: float = 5.0,
+        overlap: bool = True,
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval_s = poll_interval_ms / 1000
         self.max_backoff_s = max_backoff_s
+        self.overlap = overlap
         self.errors = 0
         self.last_error: str | None = None
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._queued = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._reader_done = threading.Event()
 
     def start(self) -> None:
-        """Start the loop thread."""
-        if self._thread is not None:
+        """Start the loop threads."""
+        if self._threads:
             return
-        self._thread = threading.Thread(target=self._loop, name="streamrag-pipeline", daemon=True)
-        self._thread.start()
+        self._stop.clear()
+        self._reader_done.clear()
+        if self.overlap:
+            targets = [("streamrag-read", self._read_loop), ("streamrag-commit", self._commit_loop)]
+        else:
+            targets = [("streamrag-pipeline", self._single_loop)]
+        for name, target in targets:
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     @property
     def running(self) -> bool:
-        """Whether the loop thread is alive."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the loop threads are alive."""
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Ask the loop to stop, let it commit what is pending, and wait for it."""
+        """Ask the loops to stop, let them commit what is pending, and wait for them."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        self._queued.set()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads = []
 
-    def _loop(self) -> None:
+    # -- loops -----------------------------------------------------------------
+
+    def _guarded(self, work: Callable[[], bool], backoff: list[float]) -> bool | None:
+        """Run one unit of work; on failure log, count, back off and return None."""
+        try:
+            did = work()
+        except Exception as exc:  # the loop must outlive any one failure
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, StreamragError):
+                log.error("pipeline stage failed, retrying in %.2fs: %s", backoff[0], exc)
+            else:
+                log.exception("unexpected pipeline error, retrying in %.2fs", backoff[0])
+            self._stop.wait(backoff[0])
+            backoff[0] = min(backoff[0] * 2, self.max_backoff_s)
+            return None
+        backoff[0] = 0.05
+        return did
+
+    def _read_loop(self) -> None:
+        backoff = [0.05]
+        try:
+            while not self._stop.is_set():
+                did = self._guarded(lambda: self.pipeline.poll() > 0, backoff)
+                if did:
+                    self._queued.set()
+                elif did is not None:
+                    self._stop.wait(self.poll_interval_s)
+        finally:
+            self._reader_done.set()
+            self._queued.set()
+
+    def _commit_loop(self) -> None:
         pipeline = self.pipeline
-        backoff = 0.05
+        backoff = [0.05]
         while not self._stop.is_set():
-            try:
-                did = pipeline.step()
-                backoff = 0.05
-            except Exception as exc:  # the loop must outlive any one failure
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, StreamragError):
-                    log.error("pipeline step failed, retrying in %.2fs: %s", backoff, exc)
-                else:
-                    log.exception("unexpected pipeline error, retrying in %.2fs", backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, self.max_backoff_s)
+            did = self._guarded(lambda: pipeline.flush() > 0, backoff)
+            if did or did is None:
                 continue
-            if did:
+            wait_us = pipeline.batcher.wait_us()
+            timeout = self.poll_interval_s * 10 if wait_us is None else wait_us / 1e6
+            self._queued.wait(timeout)
+            self._queued.clear()
+        self._reader_done.wait()  # nothing is queued after this
+        self._close()
+
+    def _single_loop(self) -> None:
+        pipeline = self.pipeline
+        backoff = [0.05]
+        while not self._stop.is_set():
+            did = self._guarded(pipeline.step, backoff)
+            if did or did is None:
                 continue
             wait_us = pipeline.batcher.wait_us()
             timeout = self.poll_interval_s
             if wait_us is not None:
                 timeout = min(timeout, wait_us / 1e6)
             self._stop.wait(timeout)
+        self._close()
+
+    def _close(self) -> None:
         try:
-            pipeline.close()
+            self.pipeline.close()
         except StreamragError as exc:
             log.error("could not commit the last batch on shutdown: %s", exc)

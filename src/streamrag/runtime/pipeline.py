@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -407,7 +406,8 @@ class Pipeline:
 
         vectors = np.empty((len(texts), index.dim), dtype=np.float32)
         if embed_slots:
-            started = time.perf_counter()
+            # Measured on the injected clock, so a test's synthetic embedder can set it.
+            started = self.clock.now_us()
             try:
                 out = self.embedder.embed_many([texts[s] for s in embed_slots])
                 vectors[embed_slots] = check_vectors(
@@ -418,7 +418,7 @@ class Pipeline:
                     raise
                 msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
                 raise EmbedderError(msg) from exc
-            took = time.perf_counter() - started
+            took = max(0, self.clock.now_us() - started) / US_PER_S
             self.metrics.embed_seconds.observe(took)
             controller = self.batcher.controller
             if controller is not None:
