@@ -193,8 +193,10 @@ def test_no_change_is_held_past_max_delay(
 
     for wait, n, domain, chunks in ops:
         sleep(wait)
-        docs = [Change("t", f"x{seq + i}", Op.UPSERT, 0, {"domain": domain}, "s", seq + i)
-                for i in range(n)]
+        docs = [
+            Change("t", f"x{seq + i}", Op.UPSERT, 0, {"domain": domain}, "s", seq + i)
+            for i in range(n)
+        ]
         for d in docs:
             arrived[d.doc_id] = clock.now_us()
         seq += n

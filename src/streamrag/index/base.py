@@ -176,3 +176,7 @@ class VectorIndex(Protocol):
     def stats(self) -> IndexStats:
         """Sizes of the latest epoch."""
         ...
+
+    def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
+        """Every live chunk of the latest epoch with its vector (for replays and audits)."""
+        ...

@@ -159,6 +159,12 @@ class ExactIndex:
         """Sizes of the latest epoch."""
         return self._snapshot.stats
 
+    def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
+        """Every live chunk of the latest epoch with a copy of its vector (score 0)."""
+        snap = self._snapshot
+        rows = np.flatnonzero(snap.alive[: snap.rows]).tolist()
+        return [(_hit(snap, r, 0.0), np.array(snap.cols.vectors[r])) for r in rows]
+
     def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
         """The version held for a document (writer side)."""
         return self._docs.get((tenant, doc_id))
