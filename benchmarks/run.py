@@ -26,11 +26,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+from eventtime import embed_curve, window_count
 from ingest import proc_status_kib
 from server import ServerProcess
 from workload import Change, Workload, WorkloadSpec, final_state, format_time, make_workload
 
-from streamrag.config import SourceSettings
+from streamrag.config import BatcherSettings, SourceSettings
 
 HERE = Path(__file__).resolve().parent
 TLDR = Path("/work/shared/data/tldr-changes/events.late.jsonl.gz")
@@ -55,6 +56,8 @@ class Params:
     max_delay_ms: int = 20
     fast_poll_ms: int = 5
     tldr_max_lines: int | None = None
+    window_events: int = 2_000_000
+    embed_curve_budget_s: float = 40.0
 
     @classmethod
     def quick(cls) -> Params:
@@ -69,6 +72,8 @@ class Params:
             load_warmup_s=0.5,
             recall_queries=50,
             tldr_max_lines=3_000,
+            window_events=200_000,
+            embed_curve_budget_s=8.0,
         )
 
 
@@ -420,6 +425,31 @@ class Row:
         return f"{'≥' if self.higher_is_better else '≤'} {_fmt(self.target)}"
 
 
+def windows_section(p: Params) -> dict[str, Any]:
+    """Keyed sliding-window counts: many keys (per document) and few (per domain)."""
+    return {
+        "many_keys": window_count(n_events=p.window_events, n_keys=1_000, repeats=2),
+        "few_keys": window_count(n_events=p.window_events, n_keys=20, repeats=2),
+    }
+
+
+def embed_curve_section(wl: Workload, embedder: str, p: Params) -> dict[str, Any]:
+    """Embed latency and throughput by batch size, and the controller's chosen point."""
+    from streamrag.embed.base import build_embedder
+
+    emb = build_embedder(embedder, {})
+    load = getattr(emb, "load", None)
+    if callable(load):
+        load()
+    texts = [c.text for c in wl.changes if c.text][:2_000]
+    target = BatcherSettings().target_embed_ms / 1000
+    out = embed_curve(
+        emb.embed_many, texts, target_latency_s=target, budget_s=p.embed_curve_budget_s
+    )
+    out["embedder"] = embedder
+    return out
+
+
 def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
@@ -498,6 +528,37 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             Row(
                 sec, "chunks embedded by the pipeline", t["final"]["counts"]["chunks_embedded"], ""
             ),
+        ]
+    wres = res.get("windows")
+    if wres:
+        for key, label in (("many_keys", "1,000 keys"), ("few_keys", "20 keys")):
+            w = wres[key]
+            sec = f"keyed {w['window']} window count, {label} ({w['events']:,} events)"
+            rows += [
+                Row(
+                    sec,
+                    "streamrag operator (micro-batches + watermark)",
+                    w["streamrag_events_per_s"],
+                    "events/s",
+                ),
+                Row(sec, "numpy, one pass, same counts", w["numpy_events_per_s"], "events/s"),
+                Row(sec, "operator / numpy (time ratio)", w["ratio"], "×"),
+            ]
+    ec = res.get("embed_curve")
+    if ec:
+        c = ec["controller"]
+        target = c["target_latency_ms"]
+        sec = f"embed by batch size ({ec['embedder']}); controller target {target:.0f} ms"
+        for pt in ec["curve"]:
+            mark = " ◀ controller" if pt["batch"] == c["batch"] else ""
+            rows += [
+                Row(sec, f"batch {pt['batch']}: latency{mark}", pt["latency_ms"], "ms"),
+                Row(sec, f"batch {pt['batch']}: throughput", pt["items_per_s"], "texts/s"),
+            ]
+        rows += [
+            Row(sec, f"controller's batch size (after {c['steps']} steps)", c["batch"], "texts"),
+            Row(sec, "controller's point: latency", c["latency_ms"], "ms"),
+            Row(sec, "controller's point: throughput", c["items_per_s"], "texts/s"),
         ]
     return rows
 
@@ -618,6 +679,13 @@ def main(argv: list[str] | None = None) -> int:
                 "server(fast poll)",
             )
         _section(res, "tldr", lambda: tldr_section(tmp, p), "tldr")
+        _section(res, "windows", lambda: windows_section(p), "windows")
+        _section(
+            res,
+            "embed_curve",
+            lambda: embed_curve_section(wl, "hashing" if a.no_minilm else "minilm", p),
+            "embed curve",
+        )
 
     res["elapsed_s"] = time.perf_counter() - T0
     res["machine"]["loadavg_1m_at_end"] = os.getloadavg()[0]

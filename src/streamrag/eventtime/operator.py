@@ -143,9 +143,12 @@ class WindowedAggregation:
         self.name = name
         self._watermark: Timestamp = MIN_TIMESTAMP
         self._state: dict[Hashable, dict[Window, _State]] = {}
-        self._fire_timers: list[tuple[Timestamp, int, Window, Hashable]] = []
-        self._expire_timers: list[tuple[Timestamp, int, Window, Hashable]] = []
-        self._seq = 0
+        # Timers, bucketed by the time they are due: many windows share an end, so
+        # the heaps hold distinct times only and a window costs one list append.
+        self._fire_at: dict[Timestamp, list[tuple[Window, Hashable]]] = {}
+        self._fire_heap: list[Timestamp] = []
+        self._expire_at: dict[Timestamp, list[tuple[Window, Hashable]]] = {}
+        self._expire_heap: list[Timestamp] = []
         self._next_early: Timestamp | None = None
         self._vectorized = (
             isinstance(assigner, Sliding)
@@ -309,13 +312,16 @@ class WindowedAggregation:
         partials = self.aggregator.add_grouped(column, groups, n_groups)  # type: ignore[attr-defined]
 
         agg = self.aggregator
+        state = self._state
         firsts = np.nonzero(change)[0]
         for g, (code, start) in enumerate(
             zip(s_codes[firsts].tolist(), s_starts[firsts].tolist(), strict=True)
         ):
             key = key_list[code]
             window = Window(start, start + size)
-            windows = self._state.setdefault(key, {})
+            windows = state.get(key)
+            if windows is None:
+                windows = state[key] = {}
             st = windows.get(window)
             if st is None:
                 windows[window] = _State(partials[g])
@@ -323,7 +329,8 @@ class WindowedAggregation:
             else:
                 st.acc = agg.merge(st.acc, partials[g])
                 st.fresh = st.filled = True
-            dirty[(key, window)] = None
+            if start + size - 1 <= wm:  # behind W: re-fires at the end of the batch
+                dirty[(key, window)] = None
 
         late = []
         if late_mask.any():
@@ -343,23 +350,24 @@ class WindowedAggregation:
             return []
         self._watermark = watermark
         out = []
-        timers = self._fire_timers
-        while timers and timers[0][0] <= watermark:
-            _, _, window, key = heapq.heappop(timers)
-            st = self._state.get(key, {}).get(window)
-            if st is None or st.fired:
-                continue
-            st.fired = True
-            if st.filled:
-                out.append(self._fire(key, window, st, Timing.ON_TIME))
-        expiring = self._expire_timers
-        while expiring and expiring[0][0] <= watermark:
-            _, _, window, key = heapq.heappop(expiring)
-            windows = self._state.get(key)
-            if windows is not None and window in windows:
-                del windows[window]
-                if not windows:
-                    del self._state[key]
+        state = self._state
+        heap = self._fire_heap
+        while heap and heap[0] <= watermark:
+            for window, key in self._fire_at.pop(heapq.heappop(heap)):
+                st = state.get(key, {}).get(window)
+                if st is None or st.fired:
+                    continue
+                st.fired = True
+                if st.filled:
+                    out.append(self._fire(key, window, st, Timing.ON_TIME))
+        heap = self._expire_heap
+        while heap and heap[0] <= watermark:
+            for window, key in self._expire_at.pop(heapq.heappop(heap)):
+                windows = state.get(key)
+                if windows is not None and window in windows:
+                    del windows[window]
+                    if not windows:
+                        del state[key]
         out.sort(key=_sort_key)
         return out
 
@@ -388,10 +396,21 @@ class WindowedAggregation:
         return out
 
     def _schedule(self, key: Hashable, window: Window) -> None:
-        self._seq += 1
-        heapq.heappush(self._fire_timers, (window.max_timestamp, self._seq, window, key))
-        expire_at = window.max_timestamp + self.allowed_lateness_us
-        heapq.heappush(self._expire_timers, (expire_at, self._seq, window, key))
+        entry = (window, key)
+        at = window.end - 1
+        bucket = self._fire_at.get(at)
+        if bucket is None:
+            self._fire_at[at] = [entry]
+            heapq.heappush(self._fire_heap, at)
+        else:
+            bucket.append(entry)
+        at += self.allowed_lateness_us
+        bucket = self._expire_at.get(at)
+        if bucket is None:
+            self._expire_at[at] = [entry]
+            heapq.heappush(self._expire_heap, at)
+        else:
+            bucket.append(entry)
 
     def _fire(self, key: Hashable, window: Window, st: _State, timing: Timing) -> WindowResult:
         result = WindowResult(key, window, self.aggregator.result(st.acc), timing, st.panes)
@@ -421,8 +440,8 @@ class WindowedAggregation:
         self._watermark = int(state["watermark"])
         self._next_early = state.get("next_early")
         self._state = {}
-        self._fire_timers = []
-        self._expire_timers = []
+        self._fire_at, self._fire_heap = {}, []
+        self._expire_at, self._expire_heap = {}, []
         for key, start, end, acc, fired, panes, fresh, filled in state["windows"]:
             k = _hashable(key)
             window = Window(int(start), int(end))

@@ -27,7 +27,7 @@ times before 1970 fall in windows too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,9 +38,12 @@ from streamrag.timing import Duration, Timestamp
 __all__ = ["Session", "Sliding", "Tumbling", "Window", "WindowAssigner"]
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Window:
-    """The span ``[start, end)`` of event time, in microseconds."""
+class Window(NamedTuple):
+    """The span ``[start, end)`` of event time, in microseconds.
+
+    A named tuple: windows are dictionary keys on the hot path, and a tuple
+    hashes and compares in C.
+    """
 
     start: Timestamp
     end: Timestamp
