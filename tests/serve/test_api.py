@@ -225,3 +225,35 @@ def test_several_query_workers_answer_each_request_correctly(tmp_path: Path) -> 
 
     queries = [f"topic{i % 30} alpha{i % 30} beta{i % 30}" for i in range(120)]
     assert _top_docs_concurrently(app, queries) == [f"d{i % 30}" for i in range(120)]
+
+
+def test_window_results_are_served(tmp_path: Path, service: Service) -> None:
+    svc = _service(
+        tmp_path / "w",
+        service.settings.source.path,
+        embedder=FakeEmbedder(),
+        **{
+            "event_time.windows": [
+                {"name": "per_domain_daily", "size_ms": 86_400_000},
+                {"name": "per_tenant", "size_ms": 86_400_000, "key": ["tenant", "domain"]},
+            ]
+        },
+    )
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        body = c.get("/v1/windows").json()
+        assert body["watermark"] == "2024-03-01T23:59:59.999999Z"
+        daily = body["windows"]["per_domain_daily"]
+        assert daily["aggregate"] == "count"
+        assert daily["open_windows"] == 1  # hr's day (2024-03-02) is still open
+        assert [(r["key"], r["start"], r["value"], r["timing"]) for r in daily["results"]] == [
+            ("ops", "2024-01-01T00:00:00Z", 1, "on_time"),
+            ("it", "2024-03-01T00:00:00Z", 1, "on_time"),
+        ]
+        one = c.get("/v1/windows/per_tenant", params={"key": "default/it"}).json()
+        assert [r["key"] for r in one["results"]] == [["default", "it"]]
+        missing = c.get("/v1/windows/nope")
+        assert missing.status_code == 404
+        assert "per_domain_daily" in missing.json()["error"]["message"]
+        status = c.get("/v1/status").json()["event_time"]
+        assert status["windows"]["per_domain_daily"] == {"open": 1, "late": 0}
+        assert status["mode"] == "micro_batch"

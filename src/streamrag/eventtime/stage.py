@@ -31,6 +31,7 @@ document's metadata.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -134,6 +135,19 @@ class EventTimeStage:
         self.latest: dict[str, OrderedDict[tuple[Hashable, int, int], WindowResult]] = {
             w.name: OrderedDict() for w in windows
         }
+        self._latest_lock = threading.Lock()
+
+    def results(self, name: str) -> list[WindowResult]:
+        """The latest result of each recent window of one aggregation, oldest first.
+
+        Safe to call from another thread while the stage runs.
+        """
+        if name not in self.latest:
+            known = ", ".join(sorted(self.latest)) or "none are configured"
+            msg = f"no window aggregation named {name!r}; known: {known}"
+            raise KeyError(msg)
+        with self._latest_lock:
+            return list(self.latest[name].values())
 
     @property
     def watermark(self) -> Timestamp:
@@ -203,14 +217,17 @@ class EventTimeStage:
             self._emit(w, w.operator.advance(wm), out)
 
     def _emit(self, w: NamedWindow, results: list[WindowResult], out: StageOutput) -> None:
+        if not results:
+            return
         table = self.latest[w.name]
-        for r in results:
-            out.results.append((w.name, r))
-            slot = (r.key, r.window.start, r.window.end)
-            table[slot] = r
-            table.move_to_end(slot)
-            while len(table) > w.keep_results:
-                table.popitem(last=False)
+        with self._latest_lock:
+            for r in results:
+                out.results.append((w.name, r))
+                slot = (r.key, r.window.start, r.window.end)
+                table[slot] = r
+                table.move_to_end(slot)
+                while len(table) > w.keep_results:
+                    table.popitem(last=False)
 
     @staticmethod
     def _keys(changes: ChangeBatch, fields: tuple[str, ...]) -> list[Hashable]:

@@ -3,6 +3,8 @@
 =========================  ====================================================
 ``POST /v1/retrieve``      top-k chunks for a query, with filters and a time range
 ``GET  /v1/status``        epoch, watermark, counts, ingest lag, freshness
+``GET  /v1/windows``       the configured window aggregations and their latest results
+``GET  /v1/windows/NAME``  one aggregation's latest results (``?key=`` to pick one key)
 ``GET  /metrics``          Prometheus text format
 ``GET  /healthz``          liveness: 200 while the process serves
 =========================  ====================================================
@@ -21,10 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from streamrag.errors import QueryError, StreamragError
+from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.runtime.service import Service
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.retrieve import RetrieveASGI, answer, encode_json
 from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse
+from streamrag.timing import format_timestamp
 
 __all__ = ["create_app"]
 
@@ -96,6 +100,30 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness."""
         return Response(encode_json(service.status()), media_type="application/json")
 
+    @app.get("/v1/windows")
+    async def windows() -> Response:
+        """Every window aggregation: its definition, watermark and latest results."""
+        stage = service.pipeline.event_time
+        body = {
+            "watermark": service.status()["event_time"]["watermark"],
+            "windows": {
+                w.name: _window_body(w, stage.results(w.name), None) for w in stage.windows
+            },
+        }
+        return Response(encode_json(body), media_type="application/json")
+
+    @app.get("/v1/windows/{name}")
+    async def window(name: str, key: str | None = None) -> Response:
+        """One aggregation's latest results, oldest window first; ``key`` keeps one key."""
+        stage = service.pipeline.event_time
+        found = [w for w in stage.windows if w.name == name]
+        if not found:
+            known = ", ".join(w.name for w in stage.windows) or "none are configured"
+            msg = f"no window aggregation named {name!r}; known: {known}"
+            return JSONResponse({"error": {"type": "NotFound", "message": msg}}, status_code=404)
+        body = _window_body(found[0], stage.results(name), key)
+        return Response(encode_json(body), media_type="application/json")
+
     @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus metrics."""
@@ -107,6 +135,36 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def _window_body(w: NamedWindow, results: list[WindowResult], key: str | None) -> dict[str, Any]:
+    """One aggregation as JSON: what it computes and its latest result per window."""
+    rows = []
+    for r in results:
+        shown = list(r.key) if isinstance(r.key, tuple) else r.key
+        # A compound key is matched as its parts joined by "/": ?key=acme/hr
+        text = "/".join(map(str, shown)) if isinstance(shown, list) else str(shown)
+        if key is not None and text != key:
+            continue
+        rows.append(
+            {
+                "key": shown,
+                "start": format_timestamp(r.window.start),
+                "end": format_timestamp(r.window.end),
+                "value": r.value,
+                "timing": r.timing.value,
+                "pane": r.pane,
+            }
+        )
+    op = w.operator
+    return {
+        "aggregate": op.aggregator.name,
+        "key": list(w.key),
+        "value": w.value,
+        "allowed_lateness_ms": op.allowed_lateness_us / 1000,
+        "open_windows": op.open_windows,
+        "results": rows,
+    }
 
 
 def _add_schema(app: FastAPI, model: type[RetrieveRequest]) -> None:
