@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}"
             )
             pipe_s.append(elapsed)
-            body = service.status().body
+            body = service.status()
             counts = {"counts": body["counts"], "index": body["index"]}
             if a.queries is not None and r == a.repeats - 1:
                 search = time_search(service, json.loads(a.queries.read_text()), a.k)
