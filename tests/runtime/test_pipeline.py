@@ -332,3 +332,96 @@ def test_the_deadline_counts_from_the_last_empty_poll(
     assert p.step()
     assert sink.epochs == [1]
     assert p.stats.last_freshness_us == 20_000
+
+
+class BlockingEmbedder(FakeEmbedder):
+    """Holds every embed call until released, and says when one has started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import threading
+
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def embed_many(self, texts):  # type: ignore[no-untyped-def]
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().embed_many(texts)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_next_batch_is_read_and_chunked_while_one_embeds(
+    pipeline_factory: PipelineFactory, overlap: bool
+) -> None:
+    import time
+
+    from streamrag.runtime import PipelineRunner
+
+    src = ScriptedSource()
+    emb = BlockingEmbedder()
+    p = pipeline_factory(src, embedder=emb, max_delay_ms=0)
+    runner = PipelineRunner(p, poll_interval_ms=1, overlap=overlap)
+    src.push(change_line("a", T0, "first batch"))
+    runner.start()
+    try:
+        assert emb.entered.wait(10)  # the committer is inside the embedder now
+        src.push(change_line("b", T0, "second"), change_line("c", T0, "third"))
+        give_up = time.monotonic() + (5 if overlap else 0.3)
+        while p.batcher.pending < 2 and time.monotonic() < give_up:
+            time.sleep(0.002)  # waiting for the reader thread, not for time
+        # With two threads the next changes are decoded, chunked and queued meanwhile;
+        # with one, nothing is read until the embed call returns.
+        assert p.batcher.pending == (2 if overlap else 0)
+        emb.release.set()
+        give_up = time.monotonic() + 10
+        while p.stats.applied < 3 and time.monotonic() < give_up:
+            time.sleep(0.002)
+    finally:
+        runner.stop()
+    assert p.stats.applied == 3
+    assert sorted(_texts(p, "first batch second third")) == ["first batch", "second", "third"]
+
+
+def test_hybrid_schedule_batches_and_window_firings_share_the_tick(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    """A 1 s tick over a 5 s sliding window: the index and the aggregate refresh together."""
+    from streamrag.config import load_settings
+    from streamrag.runtime.service import build_event_time
+    from streamrag.timing import format_timestamp
+
+    settings = load_settings(
+        overrides={
+            "batcher.tick_ms": 1000,
+            "event_time.windows": [
+                {"name": "rate", "kind": "sliding", "size_ms": 5000, "slide_ms": 1000}
+            ],
+        },
+        environ={},
+    )
+    commits: list[int] = []
+    firings: list[tuple[int, int]] = []
+    src = ScriptedSource()
+    p = pipeline_factory(
+        src,
+        max_delay_ms=5000,
+        tick_us=1_000_000,
+        event_time=build_event_time(settings, clock),
+        on_commit=[lambda batch, result: commits.append(clock.now_us())],
+        on_window=[lambda name, r: firings.append((clock.now_us(), r.window.end))],
+    )
+    start = clock.now_us()
+    assert start % 1_000_000 == 0
+    for i in range(24):  # a change every 250 ms for 6 s, event time 100 ms behind the clock
+        src.push(change_line(f"d{i}", format_timestamp(clock.now_us() - 100_000), f"e {i}"))
+        p.step()
+        clock.advance_ms(250)
+        p.step()
+    assert commits, "nothing was committed"
+    assert firings, "no window fired"
+    # Both happen only on tick boundaries, and on the same ticks.
+    assert all(t % 1_000_000 == 0 for t in commits)
+    assert all(t % 1_000_000 == 0 for t, _ in firings)
+    assert {t for t, _ in firings} <= set(commits)
+    assert len(set(commits)) >= 5

@@ -150,6 +150,7 @@ class WindowedAggregation:
         self._expire_at: dict[Timestamp, list[tuple[Window, Hashable]]] = {}
         self._expire_heap: list[Timestamp] = []
         self._next_early: Timestamp | None = None
+        self._open = 0
         self._vectorized = (
             isinstance(assigner, Sliding)
             and not assigner.merging
@@ -165,8 +166,11 @@ class WindowedAggregation:
 
     @property
     def open_windows(self) -> int:
-        """Windows holding state (fired or not, until they expire)."""
-        return sum(len(w) for w in self._state.values())
+        """Windows holding state (fired or not, until they expire).
+
+        A counter, so another thread may read it while the operator runs.
+        """
+        return self._open
 
     def expired(self, window: Window) -> bool:
         """Whether a window's state is gone: ``end - 1 + allowed_lateness <= W``."""
@@ -230,6 +234,7 @@ class WindowedAggregation:
                 st = windows.get(window)
                 if st is None:
                     st = windows[window] = _State(agg.create())
+                    self._open += 1
                     self._schedule(key, window)
                 st.acc = agg.add(st.acc, value)
                 st.fresh = st.filled = True
@@ -255,11 +260,13 @@ class WindowedAggregation:
         st = _State(agg.create(), fresh=False, filled=False)
         for w in partners:
             old = windows.pop(w)
+            self._open -= 1
             st.acc = agg.merge(st.acc, old.acc)
             st.panes = max(st.panes, old.panes)
             st.fresh |= old.fresh
             st.filled |= old.filled
         windows[merged] = st
+        self._open += 1
         self._schedule(key, merged)
         return merged
 
@@ -325,6 +332,7 @@ class WindowedAggregation:
             st = windows.get(window)
             if st is None:
                 windows[window] = _State(partials[g])
+                self._open += 1
                 self._schedule(key, window)
             else:
                 st.acc = agg.merge(st.acc, partials[g])
@@ -366,6 +374,7 @@ class WindowedAggregation:
                 windows = state.get(key)
                 if windows is not None and window in windows:
                     del windows[window]
+                    self._open -= 1
                     if not windows:
                         del state[key]
         out.sort(key=_sort_key)
@@ -440,12 +449,14 @@ class WindowedAggregation:
         self._watermark = int(state["watermark"])
         self._next_early = state.get("next_early")
         self._state = {}
+        self._open = 0
         self._fire_at, self._fire_heap = {}, []
         self._expire_at, self._expire_heap = {}, []
         for key, start, end, acc, fired, panes, fresh, filled in state["windows"]:
             k = _hashable(key)
             window = Window(int(start), int(end))
             self._state.setdefault(k, {})[window] = _State(acc, fired, panes, fresh, filled)
+            self._open += 1
             self._schedule(k, window)
 
 

@@ -120,6 +120,7 @@ class EventTimeStage:
         windows: Sequence[NamedWindow] = (),
         *,
         mode: Mode = Mode.MICRO_BATCH,
+        tick_us: int | None = None,
     ) -> None:
         names = [w.name for w in windows]
         if len(set(names)) != len(names):
@@ -128,9 +129,14 @@ class EventTimeStage:
         for w in windows:
             for f in (*w.key, *([w.value] if w.value else [])):
                 _check_field(f)
+        if tick_us is not None and tick_us <= 0:
+            msg = f"tick must be positive, found {tick_us} µs"
+            raise ConfigError(msg)
         self.tracker = tracker
         self.windows = list(windows)
         self.mode = Mode(mode)
+        self.tick_us = tick_us
+        self._next_tick: Timestamp | None = None
         self.late_counts: dict[str, int] = {w.name: 0 for w in windows}
         self.latest: dict[str, OrderedDict[tuple[Hashable, int, int], WindowResult]] = {
             w.name: OrderedDict() for w in windows
@@ -194,12 +200,31 @@ class EventTimeStage:
                 newest[source] = ts
         for source, ts in newest.items():
             self.tracker.observe(source, ts)
-        self._advance(out)
+        if self._on_tick():
+            self._advance(out)
+
+    def _on_tick(self) -> bool:
+        """Whether the watermark may move now: always, or at the next processing-time tick.
+
+        With a tick (the hybrid schedule) the watermark moves once per tick, so
+        windows fire on the same schedule as the micro-batches are cut.
+        """
+        if self.tick_us is None:
+            return True
+        now = self.tracker.clock.now_us()
+        if self._next_tick is None:
+            self._next_tick = now - now % self.tick_us + self.tick_us
+            return False
+        if now < self._next_tick:
+            return False
+        self._next_tick = now - now % self.tick_us + self.tick_us
+        return True
 
     def on_processing_time(self, now_us: Timestamp) -> StageOutput:
         """Let processing time act: idle partitions release the watermark; early firings."""
         out = StageOutput([], [])
-        self._advance(out)
+        if self._on_tick():
+            self._advance(out)
         for w in self.windows:
             self._emit(w, w.operator.on_processing_time(now_us), out)
         return out

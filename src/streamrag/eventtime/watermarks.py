@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Clock, Duration, Timestamp
@@ -80,26 +81,31 @@ class WatermarkTracker:
             raise ValueError(msg)
         self.bound_us = bound_us
         self.idle_timeout_us = idle_timeout_us
-        self._clock = clock
+        self.clock = clock
         self._inputs: dict[str, BoundedOutOfOrderness] = {}
         self._last_data_us: dict[str, Timestamp] = {}
         self.watermark: Timestamp = MIN_TIMESTAMP
         self.finished = False
+        # Inputs appear while the API reads: readers and the writer share this lock.
+        self._lock = threading.Lock()
 
     def observe(self, partition: str, max_event_time: Timestamp) -> None:
         """Record that ``partition`` delivered data up to ``max_event_time`` (now)."""
-        w = self._inputs.get(partition)
-        if w is None:
-            w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
-        w.observe(max_event_time)
-        self._last_data_us[partition] = self._clock.now_us()
+        with self._lock:
+            w = self._inputs.get(partition)
+            if w is None:
+                w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
+            w.observe(max_event_time)
+            self._last_data_us[partition] = self.clock.now_us()
 
     def active(self) -> list[str]:
         """Inputs that are not idle now."""
         if self.idle_timeout_us is None:
-            return list(self._inputs)
-        horizon = self._clock.now_us() - self.idle_timeout_us
-        return [p for p, t in self._last_data_us.items() if t > horizon]
+            with self._lock:
+                return list(self._inputs)
+        horizon = self.clock.now_us() - self.idle_timeout_us
+        with self._lock:
+            return [p for p, t in self._last_data_us.items() if t > horizon]
 
     def advance(self) -> Timestamp:
         """Recompute the pipeline watermark from the active inputs; never decreases."""
@@ -119,19 +125,18 @@ class WatermarkTracker:
 
     def max_seen(self) -> Timestamp:
         """The newest event time seen on any input."""
-        return max((w.max_seen for w in self._inputs.values()), default=MIN_TIMESTAMP)
+        with self._lock:
+            return max((w.max_seen for w in self._inputs.values()), default=MIN_TIMESTAMP)
 
     def snapshot(self) -> dict[str, Any]:
         """Per-input maximum event times and the watermark, as plain data."""
-        return {
-            "watermark": self.watermark,
-            "finished": self.finished,
-            "inputs": {p: w.max_seen for p, w in self._inputs.items()},
-        }
+        with self._lock:
+            inputs = {p: w.max_seen for p, w in self._inputs.items()}
+        return {"watermark": self.watermark, "finished": self.finished, "inputs": inputs}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`snapshot`; every input counts as active from now."""
-        now = self._clock.now_us()
+        now = self.clock.now_us()
         self.watermark = int(state["watermark"])
         self.finished = bool(state.get("finished", False))
         self._inputs = {}

@@ -272,4 +272,7 @@ def build_event_time(settings: Settings, clock: Clock) -> EventTimeStage:
             name=w.name,
         )
         windows.append(NamedWindow(w.name, op, tuple(w.key), w.value, w.keep_results))
-    return EventTimeStage(tracker, windows, mode=Mode(et.mode))
+    tick = settings.batcher.tick_ms
+    return EventTimeStage(
+        tracker, windows, mode=Mode(et.mode), tick_us=None if tick is None else tick * US_PER_MS
+    )
