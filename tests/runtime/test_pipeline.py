@@ -425,3 +425,49 @@ def test_hybrid_schedule_batches_and_window_firings_share_the_tick(
     assert all(t % 1_000_000 == 0 for t, _ in firings)
     assert {t for t, _ in firings} <= set(commits)
     assert len(set(commits)) >= 5
+
+
+class SlowerWithSizeEmbedder(FakeEmbedder):
+    """A synthetic embedder: each call takes 4 ms + 1 ms per text, on the manual clock."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.sizes: list[int] = []
+
+    def embed_many(self, texts):  # type: ignore[no-untyped-def]
+        self.sizes.append(len(texts))
+        self.clock.advance_us(4_000 + 1_000 * len(texts))
+        return super().embed_many(texts)
+
+
+def test_adaptive_batch_size_converges_in_the_pipeline(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    """Target 40 ms: the controller should settle at 36 texts per call (4 + 36 = 40 ms)."""
+    from streamrag.batching import AdaptiveController
+
+    emb = SlowerWithSizeEmbedder(clock)
+    src = ScriptedSource()
+    controller = AdaptiveController(min_size=1, max_size=512, target_latency_s=0.040, initial=2)
+    p = pipeline_factory(
+        src,
+        embedder=emb,
+        max_batch_size=512,
+        max_pending=100_000,
+        max_delay_ms=10_000,
+        controller=controller,
+    )
+    src.push(*(change_line(f"d{i}", T0, f"text number {i}") for i in range(1500)))
+    p.poll()  # everything is queued: the backlog is deep
+    while p.batcher.pending:
+        p.flush(force=True)
+    assert emb.sizes[0] == 2
+    assert abs(controller.target - 36) <= 1
+    assert all(abs(n - 36) <= 1 for n in emb.sizes[-10:-1]), str(emb.sizes)  # -1: the rest
+    assert p.stats.applied == 1500
+    text = p.metrics.render().decode()
+    assert 'streamrag_batch_controller_decisions_total{action="grow"}' in text
+    assert (
+        "streamrag_batch_target_chunks 36.0" in text or "streamrag_batch_target_chunks 35.0" in text
+    )

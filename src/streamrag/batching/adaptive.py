@@ -77,9 +77,9 @@ class AdaptiveController:
         proposal = max(proposal, self.target / self.max_step)
         new = self.target
         if latency_s > self.target_latency_s:
-            new = int(proposal)
+            new = round(proposal)
         elif queued >= self.target:
-            new = max(self.target, int(proposal))
+            new = max(self.target, round(proposal))
         new = min(self.max_size, max(self.min_size, new))
         action = "grow" if new > self.target else "shrink" if new < self.target else "hold"
         self.target = new
