@@ -110,16 +110,24 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
     m, kk = rows.shape
     flat_rows = rows.ravel()
     flat_which = which.ravel()
-    cols = np.empty((5, flat_rows.size), dtype=np.int64)
-    for g, seg in enumerate(segs):
-        sel = slice(None) if len(segs) == 1 else flat_which == g
-        picked = flat_rows[sel]
-        cols[0, sel] = seg.chunk_ids[picked]
-        cols[1, sel] = seg.positions[picked]
-        cols[2, sel] = seg.valid_from[picked]
-        cols[3, sel] = seg.offsets[picked]
-        cols[4, sel] = seg.created[picked]
-    chunk_ids, positions, times, offsets, epochs = cols.tolist()
+    if len(segs) == 1:
+        one = segs[0]
+        chunk_ids = one.chunk_ids[flat_rows].tolist()
+        positions = one.positions[flat_rows].tolist()
+        times = one.valid_from[flat_rows].tolist()
+        offsets = one.offsets[flat_rows].tolist()
+        epochs = one.created[flat_rows].tolist()
+    else:
+        cols = np.empty((5, flat_rows.size), dtype=np.int64)
+        for g, seg in enumerate(segs):
+            sel = flat_which == g
+            picked = flat_rows[sel]
+            cols[0, sel] = seg.chunk_ids[picked]
+            cols[1, sel] = seg.positions[picked]
+            cols[2, sel] = seg.valid_from[picked]
+            cols[3, sel] = seg.offsets[picked]
+            cols[4, sel] = seg.created[picked]
+        chunk_ids, positions, times, offsets, epochs = cols.tolist()
     rows_l = flat_rows.tolist()
     which_l = flat_which.tolist()
     scores_l = scores.ravel().tolist()
