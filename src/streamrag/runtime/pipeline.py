@@ -286,6 +286,7 @@ class Pipeline:
                     domain,
                     first,
                     len(chunks),
+                    payload.get("metadata") or None,
                 )
             )
 
