@@ -320,6 +320,18 @@ def status(url: UrlOption = DEFAULT_URL) -> None:
     out.print_json(json.dumps(_http("GET", f"{url}/v1/status", None)))
 
 
+@app.command()
+def rollback(
+    epoch: Annotated[int, typer.Argument(help="The epoch whose documents become current again.")],
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Make an earlier epoch's documents current again, as a new epoch (admin).
+
+    Example: streamrag rollback 41 --url http://127.0.0.1:8000
+    """
+    out.print_json(json.dumps(_http("POST", f"{url}/v1/admin/rollback", {"epoch": epoch})))
+
+
 def _http(method: str, url: str, body: Any) -> Any:
     try:
         resp = httpx.request(method, url, json=body, timeout=30)

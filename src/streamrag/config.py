@@ -152,10 +152,63 @@ class EmbedderSettings(_Frozen):
 
 
 class IndexSettings(_Frozen):
-    """The vector index."""
+    """The vector index: an LSM of segments with epochs, history and persistence."""
 
-    kind: Literal["exact"] = Field("exact", description="Index structure: exact search.")
-    initial_capacity: int = Field(1024, gt=0, description="Rows allocated up front; grows x2.")
+    kind: Literal["lsm", "exact"] = Field(
+        "lsm",
+        description="'lsm': segments, ANN, as_of/epoch reads, persistence in <state_dir>/index; "
+        "'exact': the in-memory exact index (no history, rebuilt on every start).",
+    )
+    persist: bool = Field(
+        True, description="Keep the LSM index in <state_dir>/index and reopen it on start."
+    )
+    ann: Literal["auto", "exact"] = Field(
+        "auto",
+        description="'auto': HNSW for mid-size sealed segments, IVF-PQ for large ones; "
+        "'exact': scan every segment exactly.",
+    )
+    bucket_s: int = Field(
+        86_400, gt=0, description="Event-time bucket of a segment (time ranges prune buckets)."
+    )
+    seal_rows: int = Field(
+        8192, gt=0, description="Rows of a growing (exactly searched) segment before it is sealed."
+    )
+    ann_min_rows: int = Field(
+        8192, gt=0, description="Sealed segments of at least this many rows get an ANN structure."
+    )
+    ivfpq_min_rows: int = Field(
+        2_000_000,
+        gt=0,
+        description="Sealed segments of at least this many rows get IVF-PQ, not HNSW.",
+    )
+    hnsw_m: int = Field(32, gt=1, description="HNSW links per node.")
+    hnsw_ef_construction: int = Field(100, gt=0, description="HNSW beam width while building.")
+    hnsw_ef_search: int = Field(
+        64, gt=0, description="HNSW beam width per query (recall@10 ≥ 0.95 up to 1M rows)."
+    )
+    ivf_nprobe: int = Field(16, gt=0, description="IVF lists probed per query.")
+    compact_fanout: int = Field(
+        4, ge=2, description="Segments of one size tier merged into one by compaction."
+    )
+    max_segment_rows: int = Field(
+        4_000_000, gt=0, description="Compaction never builds a larger segment."
+    )
+    retention_s: int = Field(
+        7 * 86_400,
+        ge=0,
+        description="History kept for as_of and epoch reads, back from the newest event time.",
+    )
+    checkpoint_every: int = Field(
+        256, gt=0, description="Commits between checkpoints (the write-ahead log covers the rest)."
+    )
+    wal_fsync: bool = Field(
+        True,
+        description="fsync the write-ahead log on every commit (off: faster, but a power "
+        "loss may lose the last commits).",
+    )
+    initial_capacity: int = Field(
+        1024, gt=0, description="'exact' index only: rows allocated up front; grows x2."
+    )
 
 
 class WindowSettings(_Frozen):

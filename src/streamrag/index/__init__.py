@@ -1,7 +1,11 @@
 """Stage ⑧ of the data path: the versioned vector index.
 
 :mod:`.base` defines what a commit carries and what a search returns;
-:mod:`.exact` is the in-memory exact index with lock-free epochs.
+:mod:`.lsm` is the default index — segments per event-time bucket
+(:mod:`.segment`), ANN structures for sealed segments (:mod:`.ann`), immutable
+manifests per epoch (:mod:`.manifest`), the query path (:mod:`.search`),
+compaction (:mod:`.compaction`), the write-ahead log (:mod:`.wal`) and files
+(:mod:`.store`); :mod:`.exact` is the simple in-memory exact index.
 """
 
 from streamrag.index.base import (
@@ -11,10 +15,13 @@ from streamrag.index.base import (
     DocState,
     Hit,
     IndexStats,
+    MetaPredicate,
     SearchFilter,
     VectorIndex,
 )
 from streamrag.index.exact import ExactIndex, Snapshot
+from streamrag.index.lsm import IndexHealth, LsmIndex, LsmSpec
+from streamrag.index.manifest import Manifest
 
 __all__ = [
     "CommitBatch",
@@ -23,7 +30,12 @@ __all__ = [
     "DocState",
     "ExactIndex",
     "Hit",
+    "IndexHealth",
     "IndexStats",
+    "LsmIndex",
+    "LsmSpec",
+    "Manifest",
+    "MetaPredicate",
     "SearchFilter",
     "Snapshot",
     "VectorIndex",

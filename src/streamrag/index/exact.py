@@ -189,6 +189,12 @@ class ExactIndex:
         if k <= 0:
             msg = f"k must be positive, found {k}"
             raise QueryError(msg)
+        if flt.as_of_us is not None or flt.metadata or flt.epoch not in (None, snap.epoch):
+            msg = (
+                "the exact index keeps neither history nor document metadata: as_of, earlier "
+                "epochs and metadata filters need the LSM index (index.kind: lsm)"
+            )
+            raise QueryError(msg)
         rows = _candidates(snap, flt)
         if rows is None or rows.size == 0:
             return snap.epoch, [[] for _ in range(q.shape[0])]

@@ -8,7 +8,12 @@ chunks embedded versus reused, commits. Histograms time the commit freshness
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 __all__ = ["Metrics"]
 
@@ -117,6 +122,48 @@ class Metrics:
             registry=r,
         )
 
+    def watch_index(self, health: Callable[[], Any] | None) -> None:
+        """Export the index's maintenance gauges, read once per scrape from ``health()``.
+
+        ``health`` returns an :class:`~streamrag.index.lsm.IndexHealth`; None (an
+        index without maintenance) exports nothing.
+        """
+        if health is not None:
+            self.registry.register(_IndexCollector(health))
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+class _IndexCollector(Collector):
+    """Segments, tombstones, bytes and compactions of the LSM index, at scrape time."""
+
+    _GAUGES = (
+        ("segments", "streamrag_index_segments", "Segments in the latest manifest."),
+        ("growing_segments", "streamrag_index_growing_segments", "Segments still growing."),
+        ("ann_segments", "streamrag_index_ann_segments", "Sealed segments with an ANN structure."),
+        ("ann_pending", "streamrag_index_ann_pending", "Sealed segments waiting for their ANN."),
+        ("rows", "streamrag_index_rows", "Stored chunk rows, superseded ones included."),
+        ("tombstoned_rows", "streamrag_index_tombstoned_rows", "Rows superseded or deleted."),
+        ("tombstone_ratio", "streamrag_index_tombstone_ratio", "Tombstoned rows / rows."),
+        ("bytes", "streamrag_index_bytes", "Memory held by segments and ANN structures."),
+        ("compactions", "streamrag_index_compactions", "Compactions since the index was created."),
+    )
+
+    def __init__(self, health: Callable[[], Any]) -> None:
+        self._health = health
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        h = self._health()
+        for attr, name, doc in self._GAUGES:
+            yield GaugeMetricFamily(name, doc, value=float(getattr(h, attr)))
+        last = h.last_compaction_us
+        yield GaugeMetricFamily(
+            "streamrag_index_last_compaction_seconds",
+            "When the last compaction finished (Unix seconds; 0: never).",
+            value=0.0 if last is None else last / 1e6,
+        )

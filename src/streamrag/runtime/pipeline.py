@@ -401,6 +401,7 @@ class Pipeline:
                     domain,
                     first,
                     len(chunks),
+                    payload.get("metadata") or None,
                 )
             )
 

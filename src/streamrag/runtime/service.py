@@ -30,7 +30,7 @@ from streamrag.eventtime import (
     WindowedAggregation,
 )
 from streamrag.index.base import Hit, SearchFilter
-from streamrag.index.exact import ExactIndex
+from streamrag.index.factory import build_index
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.runtime.executor import PipelineRunner
 from streamrag.runtime.metrics import Metrics
@@ -67,9 +67,10 @@ class Service:
         threadpool_limits(limits=settings.blas_threads, user_api="blas")
         self.embedder = embedder or build_embedder(settings.embedder.class_, settings.embedder.args)
         self.metrics = Metrics()
-        self.index = ExactIndex(
-            self.embedder.dim, initial_capacity=settings.index.initial_capacity, clock=self.clock
+        self.index = build_index(
+            settings.index, self.embedder.dim, state_dir=settings.state_dir, clock=self.clock
         )
+        self.metrics.watch_index(getattr(self.index, "health", None))
         ingest = settings.ingest
         batcher = settings.batcher
         src = source or JsonlSource(
@@ -81,8 +82,8 @@ class Service:
             source=src,
             embedder=self.embedder,
             index=self.index,
-            # The in-memory index is rebuilt from the start of the input on every
-            # start, so the dead-letter file starts empty too.
+            # The input is read from its start on every start (changes the index
+            # already holds are found stale), so the dead-letter file starts empty too.
             dead_letters=DeadLetterStore(settings.dead_letter_path, truncate=True),
             clock=self.clock,
             splitter=_splitter(settings, self.embedder),
@@ -116,8 +117,11 @@ class Service:
         self.runner.start()
 
     def stop(self) -> None:
-        """Commit what is pending and stop ingesting."""
+        """Commit what is pending, stop ingesting and close the index (a final checkpoint)."""
         self.runner.stop()
+        close = getattr(self.index, "close", None)
+        if callable(close):
+            close()
 
     def retrieve_many(
         self, queries: Sequence[str], k: int, flt: SearchFilter

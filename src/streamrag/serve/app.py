@@ -7,6 +7,7 @@
 ``GET  /v1/windows/NAME``  one aggregation's latest results (``?key=`` to pick one key)
 ``GET  /metrics``          Prometheus text format
 ``GET  /healthz``          liveness: 200 while the process serves
+``POST /v1/admin/rollback``  make an earlier epoch's documents current again
 =========================  ====================================================
 
 Every retrieve response names the epoch it was read from; all its results come
@@ -21,13 +22,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from streamrag.errors import QueryError, StreamragError
+from streamrag.errors import IndexStoreError, QueryError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.runtime.service import Service
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.retrieve import RetrieveASGI, answer, encode_json
-from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse
+from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse, RollbackRequest
 from streamrag.timing import format_timestamp
 
 __all__ = ["create_app"]
@@ -128,6 +130,27 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     async def metrics() -> Response:
         """Prometheus metrics."""
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v1/admin/rollback")
+    async def rollback(body: RollbackRequest) -> Response:
+        """Make epoch ``epoch``'s documents current again, as a new epoch.
+
+        The epochs after it can no longer be read; changes after it that the
+        input still holds are applied again when replayed.
+        """
+        undo = getattr(service.index, "rollback", None)
+        if undo is None:
+            err = {
+                "type": "IndexStoreError",
+                "message": "this index keeps no history to roll back to; use index.kind: lsm",
+            }
+            return JSONResponse({"error": err}, status_code=400)
+        try:
+            epoch = await run_in_threadpool(undo, body.epoch)
+        except IndexStoreError as exc:
+            err = {"type": "IndexStoreError", "message": str(exc)}
+            return JSONResponse({"error": err}, status_code=400)
+        return JSONResponse({"epoch": epoch, "restored_from": body.epoch})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from streamrag.errors import QueryError
-from streamrag.index.base import Hit, SearchFilter
+from streamrag.index.base import Hit, MetaPredicate, SearchFilter
 from streamrag.serve.batcher import QueryBatcher
-from streamrag.serve.schemas import RetrieveRequest
+from streamrag.serve.schemas import MetaRange, RetrieveRequest
 from streamrag.timing import format_timestamp
 
 __all__ = ["RetrieveASGI", "answer", "encode_json"]
@@ -46,7 +46,10 @@ async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, b
         return 422, encode_json({"detail": detail})
     except QueryError as exc:
         return 400, encode_json({"error": {"type": "QueryError", "message": str(exc)}})
-    epoch, hits = await batcher.retrieve(req.query, req.k, flt)
+    try:
+        epoch, hits = await batcher.retrieve(req.query, req.k, flt)
+    except QueryError as exc:  # found at search time: an epoch or as_of outside history
+        return 400, encode_json({"error": {"type": "QueryError", "message": str(exc)}})
     payload = {
         "epoch": epoch,
         "took_ms": round((time.perf_counter() - started) * 1000, 3),
@@ -98,7 +101,27 @@ def _filter(req: RetrieveRequest) -> SearchFilter:
         doc_ids=_as_set(f.doc_id),
         start_us=tr.start if tr else None,
         end_us=tr.end if tr else None,
+        as_of_us=req.as_of,
+        epoch=req.epoch,
+        metadata=_predicates(f.metadata),
     )
+
+
+def _predicates(
+    conditions: dict[str, str | int | float | bool | list[str | int | float | bool] | MetaRange]
+    | None,
+) -> tuple[MetaPredicate, ...]:
+    if not conditions:
+        return ()
+    preds = []
+    for key, cond in sorted(conditions.items()):
+        if isinstance(cond, MetaRange):
+            preds.append(MetaPredicate(key, gte=cond.gte, lt=cond.lt))
+        elif isinstance(cond, list):
+            preds.append(MetaPredicate(key, values=frozenset(cond)))
+        else:
+            preds.append(MetaPredicate(key, values=frozenset([cond])))
+    return tuple(preds)
 
 
 def _chunk(h: Hit) -> dict[str, object]:
@@ -115,4 +138,5 @@ def _chunk(h: Hit) -> dict[str, object]:
         "offset": h.offset,
         "epoch": h.epoch,
         "embedder": h.embedder_version,
+        "metadata": h.metadata,
     }

@@ -10,15 +10,27 @@ from streamrag.timing import parse_timestamp
 
 __all__ = [
     "Filters",
+    "MetaRange",
     "RetrieveRequest",
     "RetrieveResponse",
     "RetrievedChunk",
+    "RollbackRequest",
     "TimeRange",
 ]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class MetaRange(_Model):
+    """A half-open numeric range ``[gte, lt)`` on one metadata key."""
+
+    gte: float | None = Field(None, description="Lower bound (inclusive).", examples=[2020])
+    lt: float | None = Field(None, description="Upper bound (exclusive).", examples=[2025])
+
+
+MetaScalar = str | int | float | bool
 
 
 class Filters(_Model):
@@ -30,6 +42,12 @@ class Filters(_Model):
     )
     doc_id: str | list[str] | None = Field(
         None, description="One document id or a list.", examples=["runbook-7"]
+    )
+    metadata: dict[str, MetaScalar | list[MetaScalar] | MetaRange] | None = Field(
+        None,
+        description="Conditions on the documents' metadata, all of which must hold: a value "
+        "(equality), a list (any of), or {gte, lt} (numeric range).",
+        examples=[{"lang": "en", "team": ["db", "sre"], "year": {"gte": 2020}}],
     )
 
 
@@ -68,6 +86,25 @@ class RetrieveRequest(_Model):
     k: int = Field(5, ge=1, description="How many chunks to return.", examples=[5])
     filters: Filters = Field(default_factory=Filters, description="Tenant, domain, doc id.")
     time_range: TimeRange | None = Field(None, description="Event-time range of documents.")
+    as_of: int | None = Field(
+        None,
+        description="Answer with the documents as they were at this event time (ISO-8601 with "
+        "a zone, or epoch seconds), within the index's retained history.",
+        examples=["2024-06-01T00:00:00Z"],
+    )
+    epoch: int | None = Field(
+        None,
+        ge=0,
+        description="Read this exact committed epoch (reproducible answers).",
+        examples=[42],
+    )
+
+    @field_validator("as_of", mode="before")
+    @classmethod
+    def _parse_as_of(cls, value: Any) -> int | None:
+        if value is None:
+            return None
+        return parse_timestamp(value)
 
 
 class RetrievedChunk(_Model):
@@ -85,6 +122,7 @@ class RetrievedChunk(_Model):
     offset: int = Field(..., description="Offset of the change in its source.")
     epoch: int = Field(..., description="Epoch that committed this chunk.")
     embedder: str = Field(..., description="Embedder version that made its vector.")
+    metadata: dict[str, Any] | None = Field(None, description="The document's metadata.")
 
 
 class RetrieveResponse(_Model):
@@ -93,3 +131,9 @@ class RetrieveResponse(_Model):
     epoch: int = Field(..., description="The index epoch every result was read from.")
     took_ms: float
     results: list[RetrievedChunk]
+
+
+class RollbackRequest(_Model):
+    """``POST /v1/admin/rollback``: make an earlier epoch's documents current again."""
+
+    epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[41])

@@ -1,0 +1,64 @@
+"""Build the index a job's settings describe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamrag.config import IndexSettings
+from streamrag.index.ann import AnnSpec
+from streamrag.index.base import VectorIndex
+from streamrag.index.compaction import CompactionSpec
+from streamrag.index.exact import ExactIndex
+from streamrag.index.lsm import LsmIndex, LsmSpec
+from streamrag.index.search import SearchTuning
+from streamrag.timing import US_PER_S, Clock
+
+__all__ = ["build_index", "lsm_spec"]
+
+_NO_ANN = 2**62
+"""``ann_min_rows`` of the exact configuration: no segment is ever that large."""
+
+
+def lsm_spec(settings: IndexSettings) -> LsmSpec:
+    """The LSM index's spec from ``index.*`` settings.
+
+    >>> lsm_spec(IndexSettings(bucket_s=3600)).bucket_us
+    3600000000
+    """
+    bucket_us = settings.bucket_s * US_PER_S
+    return LsmSpec(
+        bucket_us=bucket_us,
+        seal_rows=settings.seal_rows,
+        ann=AnnSpec(
+            min_rows=settings.ann_min_rows if settings.ann == "auto" else _NO_ANN,
+            ivfpq_min_rows=settings.ivfpq_min_rows,
+            hnsw_m=settings.hnsw_m,
+            hnsw_ef_construction=settings.hnsw_ef_construction,
+            hnsw_ef_search=settings.hnsw_ef_search,
+            ivf_nprobe=settings.ivf_nprobe,
+        ),
+        compaction=CompactionSpec(
+            fanout=settings.compact_fanout,
+            max_segment_rows=settings.max_segment_rows,
+            seal_rows=settings.seal_rows,
+        ),
+        retention_us=settings.retention_s * US_PER_S,
+        checkpoint_every=settings.checkpoint_every,
+        wal_fsync=settings.wal_fsync,
+        tuning=SearchTuning(bucket_us=bucket_us),
+    )
+
+
+def build_index(
+    settings: IndexSettings,
+    dim: int,
+    *,
+    state_dir: Path,
+    clock: Clock,
+    background: bool = True,
+) -> VectorIndex:
+    """The index ``settings`` describe: persistent in ``state_dir/index`` when it persists."""
+    if settings.kind == "exact":
+        return ExactIndex(dim, initial_capacity=settings.initial_capacity, clock=clock)
+    path = state_dir / "index" if settings.persist else None
+    return LsmIndex(dim, lsm_spec(settings), path=path, clock=clock, background=background)

@@ -1,0 +1,978 @@
+"""The versioned, time-aware vector index: an LSM of segments with MVCC epochs.
+
+Layout. Rows (one per chunk version) live in segments partitioned by event-time
+bucket (one day by default). Each bucket appends to one small *growing*
+segment, searched exactly; at ``seal_rows`` rows it is sealed and the
+maintenance thread builds an ANN structure for it (:mod:`.ann`) and later merges
+it with its peers (:mod:`.compaction`). Nothing slow happens on the commit path.
+
+Versions. A commit applies one micro-batch — last writer wins per document on
+``(event_time, offset)``; a newer version or a delete *stamps* the rows it
+supersedes with the commit's epoch and its own event time (see
+:mod:`.segment`) — and publishes an immutable :class:`~.manifest.Manifest` by
+swapping one reference. A query pins the manifest it starts with, so it reads
+exactly one epoch; it may also read an earlier ``epoch`` or the documents
+``as_of`` an event time, within the retained history. ``rollback(epoch)``
+makes an earlier epoch's documents current again as a new epoch.
+
+Persistence (when opened on a directory). Each commit is appended to the
+write-ahead log (:mod:`.wal`) and fsynced before it is published. A checkpoint
+writes the segments, the stamps and the deletes (:mod:`.store`) and then a
+manifest file, and drops the log it covers; checkpoints run on the
+maintenance thread after seals and compactions and every ``checkpoint_every``
+commits. Opening the directory loads the newest manifest and replays the log
+after it, so a crash at any point loses nothing that was committed.
+
+Threads. One writer commits; any number of readers search without locks; one
+maintenance thread (``background=True``) builds ANN structures, compacts and
+checkpoints, taking the writer lock only to publish its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.changes import Op
+from streamrag.errors import IndexStoreError, QueryError
+from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw
+from streamrag.index.base import (
+    CommitBatch,
+    CommitResult,
+    DocOp,
+    DocState,
+    Hit,
+    IndexStats,
+    SearchFilter,
+)
+from streamrag.index.compaction import CompactionSpec, droppable, plan
+from streamrag.index.manifest import Manifest
+from streamrag.index.search import SearchTuning, View, search_segments
+from streamrag.index.segment import NEVER, Rows, Segment
+from streamrag.index.store import (
+    read_manifest,
+    read_rows,
+    read_table,
+    write_manifest,
+    write_rows,
+    write_table,
+)
+from streamrag.index.wal import WriteAheadLog
+from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, SystemClock, Timestamp
+
+__all__ = ["IndexHealth", "LsmIndex", "LsmSpec"]
+
+log = logging.getLogger("streamrag.index")
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class LsmSpec:
+    """Every knob of the LSM index (built from ``IndexSettings`` by the service)."""
+
+    bucket_us: int = 86_400 * US_PER_S
+    seal_rows: int = 8192
+    ann: AnnSpec = field(default_factory=AnnSpec)
+    compaction: CompactionSpec = field(default_factory=CompactionSpec)
+    retention_us: int = 7 * 86_400 * US_PER_S
+    checkpoint_every: int = 256
+    wal_fsync: bool = True
+    tuning: SearchTuning = field(default_factory=SearchTuning)
+
+    def __post_init__(self) -> None:
+        if self.bucket_us <= 0 or self.seal_rows <= 0 or self.retention_us < 0:
+            msg = (
+                f"bucket_us and seal_rows must be positive and retention_us not negative; "
+                f"found {self.bucket_us}, {self.seal_rows}, {self.retention_us}"
+            )
+            raise IndexStoreError(msg)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHealth:
+    """What maintenance has to do and has done: the index's gauges."""
+
+    epoch: int
+    segments: int
+    growing_segments: int
+    ann_segments: int
+    ann_pending: int
+    rows: int
+    live_chunks: int
+    tombstoned_rows: int
+    tombstone_ratio: float
+    bytes: int
+    compactions: int
+    last_compaction_us: Timestamp | None
+    checkpoint_epoch: int | None
+    history_floor_us: Timestamp
+    epoch_floor: int
+
+
+class LsmIndex:
+    """Segments, epochs, as-of reads and persistence behind the ``VectorIndex`` contract.
+
+    ``path`` makes it persistent (opened, or created if empty); ``background``
+    starts the maintenance thread. Without it, call :meth:`maintain` to build
+    ANN structures, compact and checkpoint (tests do, deterministically).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        spec: LsmSpec | None = None,
+        *,
+        path: str | Path | None = None,
+        clock: Clock | None = None,
+        background: bool = False,
+    ) -> None:
+        if dim <= 0:
+            msg = f"dim must be positive, found {dim}"
+            raise IndexStoreError(msg)
+        self._dim = dim
+        self._spec = spec or LsmSpec()
+        self._clock = clock or SystemClock()
+        self._path = Path(path) if path is not None else None
+        self._lock = threading.RLock()  # the writer lock: commits and publishes
+        self._maint = threading.RLock()  # one maintenance task at a time
+        self._docs: dict[tuple[str, str], DocState] = {}
+        self._deletes: list[tuple[str, str, int, int, int]] = []  # tenant, doc, time, offset, epoch
+        self._segments: dict[int, Segment] = {}
+        self._growing: dict[int, Segment] = {}
+        self._rid_seg = np.full(1024, -1, dtype=np.int64)
+        self._rid_row = np.full(1024, -1, dtype=np.int64)
+        self._next_rid = 0
+        self._next_seg = 0
+        self._live_chunks = 0
+        self._live_docs = 0
+        self._deleted_docs = 0
+        self._high = MIN_TIMESTAMP  # the newest event time committed
+        self._epoch_high = np.full(1024, MIN_TIMESTAMP, dtype=np.int64)
+        self._compacted_floor = 0
+        self._rolled_back: tuple[tuple[int, int], ...] = ()
+        self._generation = 0  # bumped by rollbacks: compactions begun before are void
+        self._compactions = 0
+        self._last_compaction_us: Timestamp | None = None
+        self._checkpoint_epoch: int | None = None
+        self._dirty = 0  # commits since the last checkpoint
+        self._needs_checkpoint = False
+        self._failed_ann: set[int] = set()
+        self._wal: WriteAheadLog | None = None
+        self._wake = threading.Condition()
+        self._closed = False
+        self.last_maintenance_error: str | None = None
+        self._manifest = self._make_manifest(0, None, self._clock.now_us())
+        if self._path is not None:
+            self._open(self._path)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._maintenance_loop, name="streamrag-index-maintenance", daemon=True
+            )
+            self._thread.start()
+
+    # -- the VectorIndex contract ----------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """Vector length."""
+        return self._dim
+
+    @property
+    def epoch(self) -> int:
+        """The latest committed epoch."""
+        return self._manifest.epoch
+
+    @property
+    def spec(self) -> LsmSpec:
+        """The index's configuration."""
+        return self._spec
+
+    def pin(self) -> Manifest:
+        """The latest manifest; pass it to :meth:`search_many` to read one epoch repeatedly."""
+        return self._manifest
+
+    def stats(self) -> IndexStats:
+        """Sizes of the latest epoch."""
+        return self._manifest.stats
+
+    def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
+        """The version held for a document (writer side)."""
+        return self._docs.get((tenant, doc_id))
+
+    def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
+        """Copies of the vectors of current chunks, by the row ids :meth:`doc_state` gives."""
+        rids = np.asarray(rows, dtype=np.int64)
+        out = np.empty((rids.size, self._dim), dtype=np.float32)
+        with self._lock:
+            segs = self._rid_seg[rids]
+            local = self._rid_row[rids]
+            if rids.size and (segs < 0).any():
+                msg = "vectors_at was given row ids the index no longer holds; use doc_state's rows"
+                raise IndexStoreError(msg)
+            for sid in np.unique(segs).tolist():
+                sel = segs == sid
+                out[sel] = self._segments[sid].vectors[local[sel]]
+        return out
+
+    def search_many(
+        self,
+        queries: npt.NDArray[np.float32],
+        k: int,
+        flt: SearchFilter,
+        manifest: Manifest | None = None,
+    ) -> tuple[int, list[list[Hit]]]:
+        """Top-``k`` chunks per query from one pinned manifest; returns (epoch read, hits)."""
+        man = manifest or self._manifest
+        q = np.asarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self._dim:
+            msg = f"queries must have shape (n, {self._dim}); found {q.shape}"
+            raise QueryError(msg)
+        if k <= 0:
+            msg = f"k must be positive, found {k}"
+            raise QueryError(msg)
+        spec = man.read_spec(flt)
+        hits = search_segments(man.views, q, k, spec, man.epoch, self._spec.tuning)
+        return spec.epoch, hits
+
+    def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
+        """Every chunk current at the latest epoch, with a copy of its vector (score 0)."""
+        man = self._manifest
+        out: list[tuple[Hit, npt.NDArray[np.float32]]] = []
+        for view in man.views:
+            seg, n = view.segment, view.rows
+            if n == 0:
+                continue
+            live = (seg.created[:n] <= man.epoch) & (seg.sup[:n] > man.epoch)
+            for r in np.flatnonzero(live).tolist():
+                hit = Hit(
+                    0.0,
+                    int(seg.chunk_ids[r]),
+                    seg.tenants[r],
+                    seg.doc_ids[r],
+                    seg.domains[r],
+                    int(seg.positions[r]),
+                    seg.texts[r],
+                    int(seg.valid_from[r]),
+                    seg.sources[r],
+                    int(seg.offsets[r]),
+                    int(seg.created[r]),
+                    seg.embedders[r],
+                    seg.metadata[r],
+                )
+                out.append((hit, seg.vectors[r].copy()))
+        return out
+
+    def commit(self, batch: CommitBatch) -> CommitResult:
+        """Log the micro-batch, apply it and publish the next epoch."""
+        if batch.vectors.shape != (len(batch.texts), self._dim):
+            msg = (
+                f"commit carries vectors of shape {batch.vectors.shape} for "
+                f"{len(batch.texts)} chunks; expected ({len(batch.texts)}, {self._dim})"
+            )
+            raise IndexStoreError(msg)
+        with self._lock:
+            if self._closed:
+                msg = "the index is closed; open it again to commit"
+                raise IndexStoreError(msg)
+            epoch = self._manifest.epoch + 1
+            now = self._clock.now_us()
+            if self._wal is not None:
+                self._wal.append(epoch, now, batch)
+            result = self._apply(batch, epoch, now)
+            self._dirty += 1
+            due = self._dirty >= self._spec.checkpoint_every and self._path is not None
+        if due or self._wants_ann():
+            self._notify()
+        return result
+
+    # -- applying a commit (the writer) ----------------------------------------
+
+    def _apply(self, batch: CommitBatch, epoch: int, now: Timestamp) -> CommitResult:
+        docs = self._docs
+        winners: dict[tuple[str, str], tuple[tuple[int, int], DocOp]] = {}
+        for d in batch.docs:
+            key = (d.tenant, d.doc_id)
+            version = (d.event_time, d.offset)
+            other = winners.get(key)
+            if other is None or version > other[0]:
+                winners[key] = (version, d)
+        stale = len(batch.docs) - len(winners)
+        applied = 0
+        keep: list[int] = []
+        kept: list[DocOp] = []
+        stamp_rids: list[int] = []
+        stamp_times: list[int] = []
+        hashes = batch.hashes
+        delete = Op.DELETE
+        rid = self._next_rid
+        high = self._high
+        for key, (version, d) in winners.items():
+            state = docs.get(key)
+            if state is not None and state.version >= version:
+                stale += 1
+                continue
+            applied += 1
+            high = max(high, d.event_time)
+            if state is not None:
+                if state.rows:
+                    stamp_rids.extend(state.rows)
+                    stamp_times.extend([d.event_time] * len(state.rows))
+                    self._live_chunks -= len(state.rows)
+                if state.deleted:
+                    self._deleted_docs -= 1
+                else:
+                    self._live_docs -= 1
+            n = d.n_chunks
+            if d.op == delete or n == 0:
+                docs[key] = DocState(version, deleted=True)
+                self._deleted_docs += 1
+                self._deletes.append((d.tenant, d.doc_id, d.event_time, d.offset, epoch))
+                continue
+            first = d.first_chunk
+            keep.extend(range(first, first + n))
+            kept.append(d)
+            docs[key] = DocState(
+                version, False, list(range(rid, rid + n)), hashes[first : first + n]
+            )
+            rid += n
+            self._live_docs += 1
+        if stamp_rids:
+            self._stamp(np.asarray(stamp_rids, dtype=np.int64), epoch, np.asarray(stamp_times))
+        self._append(batch, keep, kept, epoch)
+        self._live_chunks += len(keep)
+        self._high = high
+        self._publish(epoch, epoch - 1, now)
+        return CommitResult(epoch, applied, stale, len(keep))
+
+    def _stamp(self, rids: I64, epoch: int, times: I64) -> None:
+        segs = self._rid_seg[rids]
+        local = self._rid_row[rids]
+        for sid in np.unique(segs).tolist():
+            sel = segs == sid
+            self._segments[sid].stamp(local[sel], epoch, times[sel])
+
+    def _append(self, batch: CommitBatch, keep: list[int], kept: list[DocOp], epoch: int) -> None:
+        m = len(keep)
+        if m == 0:
+            return
+        counts = [d.n_chunks for d in kept]
+
+        def per_chunk(values: list[Any]) -> list[Any]:
+            if m == len(kept):
+                return values
+            return [v for v, c in zip(values, counts, strict=True) for _ in range(c)]
+
+        idx = np.asarray(keep, dtype=np.int64)
+        never = np.full(m, NEVER, dtype=np.int64)
+        rows = Rows(
+            vectors=np.ascontiguousarray(batch.vectors[idx], dtype=np.float32),
+            rids=np.arange(self._next_rid, self._next_rid + m, dtype=np.int64),
+            chunk_ids=batch.chunk_ids[idx],
+            positions=batch.positions[idx],
+            valid_from=np.repeat(np.asarray([d.event_time for d in kept], np.int64), counts),
+            offsets=np.repeat(np.asarray([d.offset for d in kept], np.int64), counts),
+            created=np.full(m, epoch, dtype=np.int64),
+            sup=never,
+            valid_to=never.copy(),
+            tenants=per_chunk([d.tenant for d in kept]),
+            doc_ids=per_chunk([d.doc_id for d in kept]),
+            domains=per_chunk([d.domain for d in kept]),
+            sources=per_chunk([d.source for d in kept]),
+            embedders=[batch.embedder_version] * m,
+            texts=[batch.texts[i] for i in keep],
+            hashes=[batch.hashes[i] for i in keep],
+            metadata=per_chunk([dict(d.metadata) if d.metadata else None for d in kept]),
+        )
+        self._next_rid += m
+        self._reserve_rids(self._next_rid)
+        buckets = rows.valid_from // self._spec.bucket_us
+        if buckets.min() == buckets.max():
+            self._place(int(buckets[0]), rows)
+            return
+        for b in np.unique(buckets).tolist():
+            self._place(int(b), rows.select(np.flatnonzero(buckets == b)))
+
+    def _place(self, bucket: int, rows: Rows) -> None:
+        """Append rows of one bucket to its growing segment, sealing it when full."""
+        done = 0
+        total = len(rows)
+        while done < total:
+            seg = self._growing.get(bucket)
+            if seg is None:
+                seg = Segment(self._new_seg_id(), bucket, self._dim, self._spec.seal_rows)
+                self._growing[bucket] = seg
+                self._segments[seg.id] = seg
+            take = min(seg.room, total - done)
+            part = rows if take == total else rows.select(np.arange(done, done + take))
+            lo = seg.n
+            seg.append(part)
+            self._rid_seg[part.rids] = seg.id
+            self._rid_row[part.rids] = np.arange(lo, lo + take)
+            done += take
+            if seg.room == 0:
+                self._seal(seg)
+
+    def _seal(self, seg: Segment) -> None:
+        seg.seal()
+        if self._growing.get(seg.bucket) is seg:
+            del self._growing[seg.bucket]
+        self._needs_checkpoint = True
+
+    def _new_seg_id(self) -> int:
+        self._next_seg += 1
+        return self._next_seg
+
+    def _reserve_rids(self, n: int) -> None:
+        cap = self._rid_seg.shape[0]
+        if n <= cap:
+            return
+        new_cap = max(n, cap * 2)
+        for name in ("_rid_seg", "_rid_row"):
+            old = getattr(self, name)
+            grown = np.full(new_cap, -1, dtype=np.int64)
+            grown[:cap] = old
+            setattr(self, name, grown)
+
+    def _publish(
+        self, epoch: int, parent: int | None, now: Timestamp, restored_from: int | None = None
+    ) -> None:
+        if epoch >= self._epoch_high.shape[0]:
+            grown = np.full(max(epoch + 1, self._epoch_high.shape[0] * 2), MIN_TIMESTAMP, np.int64)
+            grown[: self._epoch_high.shape[0]] = self._epoch_high
+            self._epoch_high = grown
+        self._epoch_high[epoch] = self._high
+        self._manifest = self._make_manifest(epoch, parent, now, restored_from)
+
+    def _make_manifest(
+        self, epoch: int, parent: int | None, now: Timestamp, restored_from: int | None = None
+    ) -> Manifest:
+        views = tuple(View(s, s.n) for s in self._segments.values())
+        if self._high == MIN_TIMESTAMP:
+            floor = MIN_TIMESTAMP
+        else:
+            floor = max(MIN_TIMESTAMP, self._high - self._spec.retention_us)
+        window = int(np.searchsorted(self._epoch_high[: epoch + 1], floor, side="left"))
+        stats = IndexStats(
+            epoch=epoch,
+            live_chunks=self._live_chunks,
+            live_docs=self._live_docs,
+            deleted_docs=self._deleted_docs,
+            rows=sum(v.rows for v in views),
+            committed_at_us=now,
+        )
+        return Manifest(
+            epoch=epoch,
+            parent=parent,
+            views=views,
+            stats=stats,
+            history_floor_us=floor,
+            epoch_floor=min(epoch, max(self._compacted_floor, window)),
+            rolled_back=self._rolled_back,
+            restored_from=restored_from,
+        )
+
+    def _republish(self) -> None:
+        """Publish the same epoch with the current segments (after maintenance)."""
+        man = self._manifest
+        views = tuple(View(s, s.n) for s in self._segments.values())
+        self._manifest = replace(
+            man, views=views, stats=replace(man.stats, rows=sum(v.rows for v in views))
+        )
+
+    # -- maintenance -------------------------------------------------------------
+
+    def seal_all(self) -> None:
+        """Seal every growing segment now (before a bulk compaction, or a rollback)."""
+        with self._lock:
+            for seg in list(self._growing.values()):
+                self._seal(seg)
+            self._republish()
+
+    def maintain(self) -> bool:
+        """Build missing ANN structures, compact, checkpoint when due; True if it did work."""
+        did = False
+        with self._maint:
+            while self._build_one_ann():
+                did = True
+            did |= self.compact()
+            if self._path is not None and (
+                self._needs_checkpoint or self._dirty >= self._spec.checkpoint_every
+            ):
+                self.checkpoint()
+                did = True
+        return did
+
+    def _ann_candidates(self) -> list[Segment]:
+        spec = self._spec.ann
+        return [
+            s
+            for s in self._segments.values()
+            if s.sealed
+            and s.ann is None
+            and s.id not in self._failed_ann
+            and choose_ann(s.n, spec) is not None
+        ]
+
+    def _wants_ann(self) -> bool:
+        return bool(self._ann_candidates())
+
+    def _build_one_ann(self) -> bool:
+        with self._lock:
+            todo = self._ann_candidates()
+        if not todo:
+            return False
+        seg = todo[0]
+        kind = choose_ann(seg.n, self._spec.ann)
+        assert kind is not None
+        try:
+            ann = build_ann(kind, seg.vectors[: seg.n], self._spec.ann)
+        except Exception as exc:
+            self._failed_ann.add(seg.id)  # searched exactly from now on
+            log.exception("building the %s structure of %r failed", kind, seg)
+            self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+            return True
+        self._attach_ann(seg, ann)
+        return True
+
+    def _attach_ann(self, seg: Segment, ann: Ann) -> None:
+        with self._lock:
+            seg.ann = ann
+            current = self._segments.get(seg.id)
+            if current is not None and current.vectors is seg.vectors:
+                current.ann = ann
+            self._needs_checkpoint = True
+
+    def compact(self, *, force: bool = False) -> bool:
+        """Merge segments the policy picks (every bucket into one with ``force``)."""
+        did = False
+        with self._maint:
+            with self._lock:
+                man = self._manifest
+                groups = plan(
+                    list(self._segments.values()),
+                    self._spec.compaction,
+                    man.history_floor_us,
+                    man.epoch_floor,
+                    force=force,
+                )
+                generation = self._generation
+            for group in groups:
+                did |= self._merge(group, man.history_floor_us, man.epoch_floor, generation)
+        return did
+
+    def _merge(
+        self, group: list[Segment], hist_floor: int, epoch_floor: int, generation: int
+    ) -> bool:
+        keeps = [np.flatnonzero(~droppable(s, s.n, hist_floor, epoch_floor)) for s in group]
+        rows = Rows.concat([s.take(k) for s, k in zip(group, keeps, strict=True)])
+        with self._lock:
+            seg_id = self._new_seg_id()
+        merged = Segment.from_rows(seg_id, group[0].bucket, rows, sealed=True)
+        kind = choose_ann(merged.n, self._spec.ann)
+        if kind is not None:
+            merged.ann = build_ann(kind, merged.vectors[: merged.n], self._spec.ann)
+        if self._path is not None and merged.n:
+            self._write_segment(merged)
+        with self._lock:
+            if generation != self._generation or any(
+                self._segments.get(s.id) is not s for s in group
+            ):
+                return False  # a rollback replaced these segments meanwhile
+            # Stamps written while we merged: copy them over, under the writer lock.
+            off = 0
+            for s, k in zip(group, keeps, strict=True):
+                merged.sup[off : off + k.size] = s.sup[k]
+                merged.valid_to[off : off + k.size] = s.valid_to[k]
+                off += k.size
+            merged.stamped = int(np.count_nonzero(merged.sup[: merged.n] != NEVER))
+            for s in group:
+                dropped = np.setdiff1d(s.rids[: s.n], merged.rids[: merged.n], assume_unique=True)
+                self._rid_seg[dropped] = -1
+                del self._segments[s.id]
+            if merged.n:
+                self._segments[merged.id] = merged
+                self._rid_seg[merged.rids[: merged.n]] = merged.id
+                self._rid_row[merged.rids[: merged.n]] = np.arange(merged.n)
+            self._compacted_floor = max(self._compacted_floor, epoch_floor)
+            self._compactions += 1
+            self._last_compaction_us = self._clock.now_us()
+            self._needs_checkpoint = True
+            self._republish()
+        return True
+
+    def rollback(self, epoch: int) -> int:
+        """Make epoch ``epoch``'s documents current again, as a new epoch; returns it.
+
+        The epochs after ``epoch`` become unreadable; history before it stays.
+        Changes the input held after ``epoch`` are applied again if replayed.
+        """
+        with self._maint, self._lock:
+            man = self._manifest
+            try:
+                man.read_spec(SearchFilter(epoch=epoch))
+            except QueryError as exc:
+                msg = f"cannot roll back to epoch {epoch}: {exc}"
+                raise IndexStoreError(msg) from None
+            latest = man.epoch
+            if epoch == latest:
+                return latest
+            for seg in list(self._growing.values()):
+                self._seal(seg)
+            for sid, seg in list(self._segments.items()):
+                n = seg.n
+                created = seg.created[:n]
+                undo = created > epoch
+                revive = ~undo & (seg.sup[:n] > epoch) & (seg.sup[:n] != NEVER)
+                if not (undo.any() or revive.any()):
+                    continue
+                clone = seg.with_new_stamps()
+                clone.sup[:n][undo] = created[undo]
+                clone.valid_to[:n][undo] = seg.valid_from[:n][undo]
+                clone.sup[:n][revive] = NEVER
+                clone.valid_to[:n][revive] = NEVER
+                clone.stamped = int(np.count_nonzero(clone.sup[:n] != NEVER))
+                self._segments[sid] = clone
+            self._deletes = [d for d in self._deletes if d[4] <= epoch]
+            self._rebuild_docs()
+            self._rolled_back = (*self._rolled_back, (epoch + 1, latest))
+            self._generation += 1
+            self._publish(latest + 1, latest, self._clock.now_us(), restored_from=epoch)
+            self._needs_checkpoint = True
+            if self._path is not None:
+                self.checkpoint()
+            return latest + 1
+
+    def _rebuild_docs(self) -> None:
+        """Documents and counts from the current rows and the delete log."""
+        parts: dict[tuple[str, str], list[tuple[int, int, bytes, int, int]]] = defaultdict(list)
+        for seg in self._segments.values():
+            n = seg.n
+            for i in np.flatnonzero(seg.sup[:n] == NEVER).tolist():
+                parts[(seg.tenants[i], seg.doc_ids[i])].append(
+                    (
+                        int(seg.positions[i]),
+                        int(seg.rids[i]),
+                        seg.hashes[i],
+                        int(seg.valid_from[i]),
+                        int(seg.offsets[i]),
+                    )
+                )
+        docs: dict[tuple[str, str], DocState] = {}
+        chunks = 0
+        for key, entries in parts.items():
+            entries.sort()
+            _, _, _, t, off = entries[0]
+            docs[key] = DocState((t, off), False, [e[1] for e in entries], [e[2] for e in entries])
+            chunks += len(entries)
+        live = len(docs)
+        for tenant, doc_id, t, off, _ in self._deletes:
+            key = (tenant, doc_id)
+            state = docs.get(key)
+            if state is None or state.deleted:
+                docs[key] = DocState((t, off), deleted=True)
+        self._docs = docs
+        self._live_docs = live
+        self._deleted_docs = len(docs) - live
+        self._live_chunks = chunks
+
+    # -- persistence -------------------------------------------------------------
+
+    def _write_segment(self, seg: Segment) -> None:
+        assert self._path is not None
+        name = f"seg-{seg.id:08d}.arrow"
+        write_rows(self._path / name, seg.take(np.arange(seg.n)))
+        seg.file = name
+        if seg.ann is not None:
+            self._write_ann(seg)
+
+    def _write_ann(self, seg: Segment) -> None:
+        assert self._path is not None
+        assert seg.ann is not None
+        save = getattr(seg.ann, "save", None)
+        if save is None:
+            return  # IVF-PQ structures are rebuilt on open (minutes, in the background)
+        name = f"seg-{seg.id:08d}.{seg.ann.kind}"
+        from streamrag.index.store import write_atomic
+
+        write_atomic(self._path / name, save)
+        seg.ann_file = name
+
+    def checkpoint(self) -> int | None:
+        """Write the latest epoch to disk and drop the log it covers; returns the epoch."""
+        if self._path is None:
+            return None
+        path = self._path
+        with self._maint:
+            with self._lock:
+                man = self._manifest
+                epoch = man.epoch
+                wal = self._wal
+                assert wal is not None
+                if wal.current is None or wal.current.name != f"wal-{epoch + 1:012d}.log":
+                    wal.start(epoch + 1)
+                deletes = list(self._deletes)
+                epoch_high = self._epoch_high[: epoch + 1].copy()
+                meta: dict[str, Any] = {
+                    "epoch": epoch,
+                    "parent": man.parent,
+                    "restored_from": man.restored_from,
+                    "dim": self._dim,
+                    "bucket_us": self._spec.bucket_us,
+                    "next_rid": self._next_rid,
+                    "next_segment": self._next_seg,
+                    "high": self._high,
+                    "compacted_floor": self._compacted_floor,
+                    "rolled_back": [list(r) for r in self._rolled_back],
+                    "compactions": self._compactions,
+                    "last_compaction_us": self._last_compaction_us,
+                    "committed_at_us": man.stats.committed_at_us,
+                }
+                self._dirty = 0
+                self._needs_checkpoint = False
+            segments = []
+            keep = {wal.current.name if wal.current else ""}
+            stamp_rids, stamp_sup, stamp_vt = [], [], []
+            for view in man.views:
+                seg, n = view.segment, view.rows
+                if seg.sealed and n == seg.n:
+                    if seg.file is None:
+                        self._write_segment(seg)
+                    elif seg.ann is not None and seg.ann_file is None:
+                        self._write_ann(seg)
+                    name = seg.file
+                else:
+                    name = f"grow-{seg.id:08d}-{n}.arrow"
+                    if not (path / name).exists():
+                        write_rows(path / name, seg.take(np.arange(n)))
+                assert name is not None
+                keep.add(name)
+                if seg.ann_file:
+                    keep.add(seg.ann_file)
+                segments.append(
+                    {
+                        "id": seg.id,
+                        "bucket": seg.bucket,
+                        "rows": n,
+                        "file": name,
+                        "sealed": seg.sealed and n == seg.n,
+                        "ann": seg.ann_file if seg.sealed else None,
+                    }
+                )
+                loc = np.flatnonzero(seg.sup[:n] <= epoch)
+                stamp_rids.append(seg.rids[loc])
+                stamp_sup.append(seg.sup[loc])
+                stamp_vt.append(seg.valid_to[loc])
+            tables: dict[str, dict[str, Any]] = {
+                "stamps": {
+                    "rid": np.concatenate([np.zeros(0, np.int64), *stamp_rids]),
+                    "sup": np.concatenate([np.zeros(0, np.int64), *stamp_sup]),
+                    "valid_to": np.concatenate([np.zeros(0, np.int64), *stamp_vt]),
+                },
+                "deletes": {
+                    "tenant": [d[0] for d in deletes],
+                    "doc_id": [d[1] for d in deletes],
+                    "event_time": np.asarray([d[2] for d in deletes], np.int64),
+                    "offset": np.asarray([d[3] for d in deletes], np.int64),
+                    "epoch": np.asarray([d[4] for d in deletes], np.int64),
+                },
+                "epochs": {"high": epoch_high},
+            }
+            for name, columns in tables.items():
+                fname = f"{name}-{epoch:012d}.arrow"
+                write_table(path / fname, columns)
+                meta[name] = fname
+                keep.add(fname)
+            mname = f"manifest-{epoch:012d}.json"
+            write_manifest(path / mname, {**meta, "segments": segments})
+            keep.add(mname)
+            self._checkpoint_epoch = epoch
+            for p in path.iterdir():
+                if p.name not in keep and not p.name.startswith("wal-"):
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+            wal.drop_before(wal.current)
+        return epoch
+
+    def _open(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        body = None
+        for candidate in sorted(path.glob("manifest-*.json"), reverse=True):
+            body = read_manifest(candidate)
+            break
+        if body is not None:
+            self._load_checkpoint(path, body)
+        self._wal = WriteAheadLog(path, fsync=self._spec.wal_fsync)
+        replayed = 0
+        for rec in self._wal.replay(self._manifest.epoch):
+            if rec.batch.vectors.shape[1:] not in ((self._dim,), (0,)):
+                msg = (
+                    f"the index in {path} holds {rec.batch.vectors.shape[1]}-dimensional "
+                    f"vectors but this index is {self._dim}-dimensional; point state_dir "
+                    f"elsewhere or delete {path}"
+                )
+                raise IndexStoreError(msg)
+            self._apply(rec.batch, rec.epoch, rec.committed_at_us)
+            replayed += 1
+        self._dirty = replayed
+        self._wal.start(self._manifest.epoch + 1)
+        if replayed:
+            log.info("index %s: replayed %d commits from the write-ahead log", path, replayed)
+
+    def _load_checkpoint(self, path: Path, body: dict[str, Any]) -> None:
+        if body["dim"] != self._dim:
+            msg = (
+                f"the index in {path} holds {body['dim']}-dimensional vectors but the embedder "
+                f"makes {self._dim}; point state_dir elsewhere or delete {path} to start over"
+            )
+            raise IndexStoreError(msg)
+        if body["bucket_us"] != self._spec.bucket_us:
+            msg = (
+                f"the index in {path} was built with time buckets of {body['bucket_us']} µs, "
+                f"not {self._spec.bucket_us}; keep index.bucket_s as it was or rebuild the index"
+            )
+            raise IndexStoreError(msg)
+        self._next_rid = body["next_rid"]
+        self._next_seg = body["next_segment"]
+        self._reserve_rids(self._next_rid)
+        for entry in body["segments"]:
+            rows = read_rows(path / entry["file"], self._dim)
+            seg = Segment.from_rows(
+                entry["id"],
+                entry["bucket"],
+                rows,
+                sealed=entry["sealed"],
+                capacity=0 if entry["sealed"] else self._spec.seal_rows,
+            )
+            if entry["sealed"]:
+                seg.file = entry["file"]
+                if entry.get("ann"):
+                    seg.ann = load_hnsw(str(path / entry["ann"]), self._dim, seg.n, self._spec.ann)
+                    seg.ann_file = entry["ann"]
+            else:
+                self._growing[seg.bucket] = seg
+            self._segments[seg.id] = seg
+            self._rid_seg[rows.rids] = seg.id
+            self._rid_row[rows.rids] = np.arange(seg.n)
+        stamps = read_table(path / body["stamps"])
+        if stamps["rid"].size:
+            self._stamp(stamps["rid"], 0, stamps["valid_to"])  # places valid_to; sup below
+            segs = self._rid_seg[stamps["rid"]]
+            local = self._rid_row[stamps["rid"]]
+            for sid in np.unique(segs).tolist():
+                sel = segs == sid
+                self._segments[sid].sup[local[sel]] = stamps["sup"][sel]
+        deletes = read_table(path / body["deletes"])
+        self._deletes = list(
+            zip(
+                deletes["tenant"],
+                deletes["doc_id"],
+                deletes["event_time"].tolist(),
+                deletes["offset"].tolist(),
+                deletes["epoch"].tolist(),
+                strict=True,
+            )
+        )
+        highs = read_table(path / body["epochs"])["high"]
+        self._epoch_high = np.full(max(1024, highs.size * 2), MIN_TIMESTAMP, np.int64)
+        self._epoch_high[: highs.size] = highs
+        self._high = body["high"]
+        self._compacted_floor = body["compacted_floor"]
+        self._rolled_back = tuple((int(a), int(b)) for a, b in body["rolled_back"])
+        self._compactions = body["compactions"]
+        self._last_compaction_us = body["last_compaction_us"]
+        self._checkpoint_epoch = body["epoch"]
+        self._rebuild_docs()
+        self._manifest = self._make_manifest(
+            body["epoch"], body["parent"], body["committed_at_us"], body["restored_from"]
+        )
+
+    # -- the maintenance thread --------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._thread is not None:
+            with self._wake:
+                self._wake.notify()
+
+    def _maintenance_loop(self) -> None:
+        while True:
+            with self._wake:
+                if self._closed:
+                    return
+            try:
+                busy = self.maintain()
+            except Exception as exc:
+                log.exception("index maintenance failed")
+                self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+                busy = False
+            if not busy:
+                with self._wake:
+                    if self._closed:
+                        return
+                    # Woken by commits that seal or make a checkpoint due; the timeout
+                    # is a safety net for compaction made possible by time passing.
+                    self._wake.wait(timeout=5.0)
+
+    def close(self) -> None:
+        """Stop the maintenance thread, checkpoint (if persistent) and close the log."""
+        with self._wake:
+            was_closed = self._closed
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if was_closed:
+            return
+        with self._maint, self._lock:
+            if self._path is not None and self._wal is not None:
+                self.checkpoint()
+                self._wal.close()
+
+    # -- observability -------------------------------------------------------------
+
+    def health(self) -> IndexHealth:
+        """Gauges of the latest manifest: segments, tombstones, bytes, compactions."""
+        man = self._manifest
+        segs = [v.segment for v in man.views]
+        rows = sum(v.rows for v in man.views)
+        tomb = sum(s.stamped for s in segs)
+        return IndexHealth(
+            epoch=man.epoch,
+            segments=len(segs),
+            growing_segments=sum(1 for s in segs if not s.sealed),
+            ann_segments=sum(1 for s in segs if s.ann is not None),
+            ann_pending=sum(
+                1
+                for s in segs
+                if s.sealed and s.ann is None and choose_ann(s.n, self._spec.ann) is not None
+            ),
+            rows=rows,
+            live_chunks=man.stats.live_chunks,
+            tombstoned_rows=tomb,
+            tombstone_ratio=tomb / rows if rows else 0.0,
+            bytes=sum(s.nbytes() for s in segs),
+            compactions=self._compactions,
+            last_compaction_us=self._last_compaction_us,
+            checkpoint_epoch=self._checkpoint_epoch,
+            history_floor_us=man.history_floor_us,
+            epoch_floor=man.epoch_floor,
+        )
+
+    def __repr__(self) -> str:
+        s = self._manifest.stats
+        where = f", path={str(self._path)!r}" if self._path else ""
+        return (
+            f"LsmIndex(dim={self._dim}, epoch={s.epoch}, live_chunks={s.live_chunks}, "
+            f"segments={len(self._manifest.views)}{where})"
+        )

@@ -1,0 +1,312 @@
+"""Searching one pinned manifest: prune, pre-filter, score, merge.
+
+A query runs against the segments of the manifest it pinned, each in three steps:
+
+1. **Prune** whole segments from their bounds alone: the event-time bucket and
+   the range of event times it holds (``time_range``, ``as_of``), the epochs it
+   was committed in (``epoch``) and the tenants it contains. A query for one
+   day of a 30-day index touches one bucket's segments and scans no vector of
+   the others.
+2. **Pre-filter** the rows of each remaining segment in columns
+   (:meth:`~streamrag.index.segment.Segment.mask`): version, tenant, domains,
+   doc ids, time range and metadata.
+3. **Score**. A growing segment, a sealed one without an ANN structure, or a
+   segment where few rows pass the filter is scanned exactly (one matrix
+   product over the matching rows). Otherwise the ANN structure is asked for
+   enough candidates that ``k`` of them should pass the filter given the share
+   of rows that pass it; candidates are re-scored exactly against the stored
+   vectors, and a query left with fewer than ``k`` asks again for four times as
+   many until the segment is exhausted (then it is scanned exactly). So a filter
+   never silently returns fewer than ``k`` results when ``k`` rows match.
+
+Per-segment top-``k`` lists are merged by score.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.index.base import Hit
+from streamrag.index.segment import NEVER, ReadSpec, Segment
+
+__all__ = ["SearchTuning", "search_segments"]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchTuning:
+    """When an ANN segment is scanned exactly instead (few matching rows)."""
+
+    exact_max_rows: int = 4096
+    min_ann_share: float = 0.02
+    bucket_us: int = 86_400_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A segment as a manifest pins it: its first ``rows`` rows."""
+
+    segment: Segment
+    rows: int
+
+
+def search_segments(
+    views: Sequence[View],
+    queries: F32,
+    k: int,
+    spec: ReadSpec,
+    latest_epoch: int,
+    tuning: SearchTuning,
+) -> list[list[Hit]]:
+    """Top-``k`` hits per query over the pinned views."""
+    m = queries.shape[0]
+    parts: list[_Found] = []
+    for view in views:
+        seg, n = view.segment, view.rows
+        if n == 0 or _pruned(seg, spec, tuning.bucket_us):
+            continue
+        found = _search_one(seg, n, queries, k, spec, latest_epoch, tuning)
+        if found is not None:
+            parts.append(found)
+    if not parts:
+        return [[] for _ in range(m)]
+    if len(parts) == 1 and parts[0].ordered:
+        # One segment whose candidates came back best first: nothing to merge.
+        f = parts[0]
+        which = np.zeros(f.rows.shape, dtype=np.int64)
+        return _materialize([f.segment], which, f.rows, f.scores)
+    scores = np.hstack([f.scores for f in parts]) if len(parts) > 1 else parts[0].scores
+    local = np.hstack([f.rows for f in parts]) if len(parts) > 1 else parts[0].rows
+    which = np.hstack([np.full(f.rows.shape, g, dtype=np.int64) for g, f in enumerate(parts)])
+    kk = min(k, scores.shape[1])
+    if kk < scores.shape[1]:
+        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        scores = np.take_along_axis(scores, top, axis=1)
+        local = np.take_along_axis(local, top, axis=1)
+        which = np.take_along_axis(which, top, axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return _materialize(
+        [f.segment for f in parts],
+        np.take_along_axis(which, order, axis=1),
+        np.take_along_axis(local, order, axis=1),
+        np.take_along_axis(scores, order, axis=1),
+    )
+
+
+def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> list[list[Hit]]:
+    """Hits from (queries × k) segment numbers, rows and scores, best first; -inf = none.
+
+    Number columns are gathered with one fancy index per segment and column, not
+    one numpy scalar per hit: building hits would otherwise cost more than the
+    graph search.
+    """
+    m, kk = rows.shape
+    flat_rows = rows.ravel()
+    flat_which = which.ravel()
+    if len(segs) == 1:
+        one = segs[0]
+        chunk_ids = one.chunk_ids[flat_rows].tolist()
+        positions = one.positions[flat_rows].tolist()
+        times = one.valid_from[flat_rows].tolist()
+        offsets = one.offsets[flat_rows].tolist()
+        epochs = one.created[flat_rows].tolist()
+    else:
+        cols = np.empty((5, flat_rows.size), dtype=np.int64)
+        for g, seg in enumerate(segs):
+            sel = flat_which == g
+            picked = flat_rows[sel]
+            cols[0, sel] = seg.chunk_ids[picked]
+            cols[1, sel] = seg.positions[picked]
+            cols[2, sel] = seg.valid_from[picked]
+            cols[3, sel] = seg.offsets[picked]
+            cols[4, sel] = seg.created[picked]
+        chunk_ids, positions, times, offsets, epochs = cols.tolist()
+    rows_l = flat_rows.tolist()
+    which_l = flat_which.tolist()
+    scores_l = scores.ravel().tolist()
+    ninf = -math.inf
+    out: list[list[Hit]] = []
+    for i in range(m):
+        hits = []
+        for j in range(i * kk, (i + 1) * kk):
+            score = scores_l[j]
+            if score == ninf:
+                continue
+            seg = segs[which_l[j]]
+            r = rows_l[j]
+            hits.append(
+                Hit(
+                    score,
+                    chunk_ids[j],
+                    seg.tenants[r],
+                    seg.doc_ids[r],
+                    seg.domains[r],
+                    positions[j],
+                    seg.texts[r],
+                    times[j],
+                    seg.sources[r],
+                    offsets[j],
+                    epochs[j],
+                    seg.embedders[r],
+                    seg.metadata[r],
+                )
+            )
+        out.append(hits)
+    return out
+
+
+@dataclass(slots=True)
+class _Found:
+    """One segment's candidates: (queries × up to k) rows and scores, -inf where none."""
+
+    segment: Segment
+    scores: F32
+    rows: I64
+    ordered: bool = False  # best first in every row, -inf entries last
+
+
+def _pruned(seg: Segment, spec: ReadSpec, bucket_us: int) -> bool:
+    """True when no row of the segment can match, judged from its bounds alone."""
+    if seg.min_created > spec.epoch:
+        return True
+    if spec.as_of != NEVER and seg.min_valid_from > spec.as_of:
+        return True
+    if spec.start_us is not None and (
+        seg.max_valid_from < spec.start_us or (seg.bucket + 1) * bucket_us <= spec.start_us
+    ):
+        return True
+    if spec.end_us is not None and (
+        seg.min_valid_from >= spec.end_us or seg.bucket * bucket_us >= spec.end_us
+    ):
+        return True
+    return spec.tenant not in seg.tenant_codes.codes
+
+
+def _search_one(
+    seg: Segment,
+    n: int,
+    q: F32,
+    k: int,
+    spec: ReadSpec,
+    latest_epoch: int,
+    tuning: SearchTuning,
+) -> _Found | None:
+    ann = seg.ann if seg.sealed else None
+    if ann is None or ann.rows != n:
+        mask = seg.mask(n, spec)
+        return None if mask is None else _exact(seg, n, q, k, mask)
+    simple = (
+        not spec.narrows
+        and spec.as_of == NEVER
+        and spec.epoch == latest_epoch
+        and len(seg.tenant_codes.names) == 1
+    )
+    mask = None
+    if simple:
+        share = (n - seg.stamped) / n
+        matching = n - seg.stamped
+    else:
+        mask = seg.mask(n, spec)
+        if mask is None:
+            return None
+        matching = int(np.count_nonzero(mask))
+        share = matching / n
+    if matching == 0:
+        return None
+    if matching <= tuning.exact_max_rows or share < tuning.min_ann_share:
+        if mask is None:
+            mask = seg.mask(n, spec)
+            if mask is None:
+                return None
+        return _exact(seg, n, q, k, mask)
+    return _ann(seg, n, q, k, spec, mask, share)
+
+
+def _exact(seg: Segment, n: int, q: F32, k: int, mask: npt.NDArray[np.bool_]) -> _Found:
+    """Exact top-``k`` over the rows ``mask`` admits."""
+    rows = np.flatnonzero(mask)
+    m = q.shape[0]
+    if rows.size == 0:
+        empty = np.full((m, 0), -np.inf, dtype=np.float32)
+        return _Found(seg, empty, np.zeros((m, 0), dtype=np.int64))
+    vectors = seg.vectors
+    if rows.size * 4 <= n:
+        # A selective filter: gather the matching rows and score only those.
+        scores = q @ vectors[rows].T
+    else:
+        visible = vectors[:n]
+        # Below four queries, one matrix-vector product each beats a thin product.
+        scores = np.stack([visible @ r for r in q]) if m < 4 else q @ visible.T
+        if rows.size != n:
+            scores = scores[:, rows]
+    kk = min(k, rows.size)
+    if kk < rows.size:
+        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        return _Found(seg, np.take_along_axis(scores, top, axis=1), rows[top])
+    return _Found(seg, scores, np.broadcast_to(rows, (m, rows.size)))
+
+
+def _ann(
+    seg: Segment,
+    n: int,
+    q: F32,
+    k: int,
+    spec: ReadSpec,
+    mask: npt.NDArray[np.bool_] | None,
+    share: float,
+) -> _Found:
+    """ANN candidates, filtered (and re-scored exactly if approximate); widen until ``k`` pass."""
+    ann = seg.ann
+    assert ann is not None
+    m = q.shape[0]
+    epoch = spec.epoch
+    if mask is None and seg.stamped == 0:
+        # The hot path: nothing superseded, one tenant, the latest epoch — every
+        # candidate is visible and the graph's scores are exact.
+        labels, scores = ann.search(q, k)
+        if scores is not None and labels.shape[1] == k and bool((labels >= 0).all()):
+            return _Found(seg, scores.astype(np.float32, copy=False), labels, ordered=True)
+    out_s = np.full((m, k), -np.inf, dtype=np.float32)
+    out_l = np.zeros((m, k), dtype=np.int64)
+    todo = np.arange(m)
+    want = min(n, max(k, math.ceil(k / share * 1.25) + 2))
+    vectors = seg.vectors
+    while todo.size:
+        sub = q[todo] if todo.size != m else q
+        labels, scores = ann.search(sub, want)
+        valid = labels >= 0
+        safe = np.where(valid, labels, 0)
+        # With a mask, look candidates up in it; on the simple path only tombstones matter.
+        ok = (mask[safe] if mask is not None else seg.sup[safe] > epoch) & valid
+        if scores is None:
+            # Approximate candidates: score them exactly against the stored vectors.
+            scores = np.einsum("tcd,td->tc", vectors[safe], sub)
+        scores = np.where(ok, scores, -np.inf).astype(np.float32, copy=False)
+        kk = min(k, scores.shape[1])
+        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+        out_s[todo, :kk] = np.take_along_axis(scores, top, axis=1)
+        out_l[todo, :kk] = np.take_along_axis(safe, top, axis=1)
+        short = np.count_nonzero(ok, axis=1) < k
+        if not short.any():
+            break
+        if want >= n:
+            # The whole segment was asked for and the structure still came up
+            # short: scan it exactly for those queries.
+            rest = todo[short]
+            full = seg.mask(n, spec) if mask is None else mask
+            out_s[rest] = -np.inf
+            if full is not None:
+                f = _exact(seg, n, q[rest], k, full)
+                out_s[rest, : f.scores.shape[1]] = f.scores
+                out_l[rest, : f.rows.shape[1]] = f.rows
+            break
+        todo = todo[short]
+        want = min(n, want * 4)
+    return _Found(seg, out_s, out_l)

@@ -1,0 +1,210 @@
+"""The write-ahead log: every commit since the last checkpoint, durable before it is visible.
+
+A commit appends one record — the micro-batch as it arrived, with its epoch and
+commit time — and fsyncs it before the new epoch is published. Replaying the
+records after the last checkpoint through the same commit logic rebuilds the
+growing segments and every tombstone exactly, so the log is all the growing
+segments need to survive a crash.
+
+A record is framed as ``length (u32) | crc32 (u32) | payload (msgpack)``. A
+crash in the middle of an append leaves a torn last record: its length runs
+past the end of the file or its checksum does not match. Reading stops there,
+and :meth:`WriteAheadLog.open` cuts the file back to the last whole record so
+that new records follow it cleanly.
+
+The log is a series of files ``wal-<first epoch>.log``; a checkpoint starts a
+new file and deletes the ones whose records it covers.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgspec
+import numpy as np
+
+from streamrag.changes import Op
+from streamrag.errors import IndexStoreError
+from streamrag.index.base import CommitBatch, DocOp
+
+__all__ = ["WalRecord", "WriteAheadLog", "fsync_dir"]
+
+_HEADER = struct.Struct("<II")
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+
+
+@dataclass(frozen=True, slots=True)
+class WalRecord:
+    """One logged commit."""
+
+    epoch: int
+    committed_at_us: int
+    batch: CommitBatch
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def encode_record(epoch: int, committed_at_us: int, batch: CommitBatch) -> bytes:
+    """A framed record for one commit."""
+    docs = [
+        [
+            d.tenant,
+            d.doc_id,
+            int(d.op),
+            d.event_time,
+            d.offset,
+            d.source,
+            d.domain,
+            d.first_chunk,
+            d.n_chunks,
+            dict(d.metadata) if d.metadata else None,
+        ]
+        for d in batch.docs
+    ]
+    payload = _encode(
+        {
+            "e": epoch,
+            "t": committed_at_us,
+            "docs": docs,
+            "ids": np.ascontiguousarray(batch.chunk_ids, dtype=np.int64).tobytes(),
+            "pos": np.ascontiguousarray(batch.positions, dtype=np.int32).tobytes(),
+            "texts": batch.texts,
+            "hashes": batch.hashes,
+            "vec": np.ascontiguousarray(batch.vectors, dtype=np.float32).tobytes(),
+            "dim": int(batch.vectors.shape[1]) if batch.vectors.ndim == 2 else 0,
+            "emb": batch.embedder_version,
+        }
+    )
+    return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_payload(payload: bytes) -> WalRecord:
+    """The commit a record's payload holds."""
+    obj: dict[str, Any] = _decode(payload)
+    docs = [
+        DocOp(t, d, Op(op), et, off, src, dom, first, n, md)
+        for t, d, op, et, off, src, dom, first, n, md in obj["docs"]
+    ]
+    dim = obj["dim"]
+    vectors = np.frombuffer(obj["vec"], dtype=np.float32)
+    batch = CommitBatch(
+        docs=docs,
+        chunk_ids=np.frombuffer(obj["ids"], dtype=np.int64).copy(),
+        positions=np.frombuffer(obj["pos"], dtype=np.int32).copy(),
+        texts=list(obj["texts"]),
+        hashes=list(obj["hashes"]),
+        vectors=vectors.reshape(-1, dim).copy() if dim else np.zeros((0, 0), np.float32),
+        embedder_version=obj["emb"],
+    )
+    return WalRecord(obj["e"], obj["t"], batch)
+
+
+def read_records(path: Path) -> tuple[list[WalRecord], int]:
+    """Every whole record of one file, and the byte length they occupy."""
+    data = path.read_bytes()
+    records: list[WalRecord] = []
+    pos = 0
+    while pos + _HEADER.size <= len(data):
+        length, crc = _HEADER.unpack_from(data, pos)
+        start = pos + _HEADER.size
+        payload = data[start : start + length]
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            break  # a torn write: the record was never acknowledged
+        records.append(decode_payload(payload))
+        pos = start + length
+    return records, pos
+
+
+class WriteAheadLog:
+    """Appends commit records to ``dir/wal-<epoch>.log`` files, fsynced."""
+
+    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+        self.dir = directory
+        self.fsync = fsync
+        self._fh: BinaryIO | None = None
+        self.current: Path | None = None
+
+    @staticmethod
+    def files(directory: Path) -> list[tuple[int, Path]]:
+        """The log files in ``directory`` by first epoch."""
+        out = []
+        for p in directory.glob("wal-*.log"):
+            try:
+                out.append((int(p.stem.split("-", 1)[1]), p))
+            except ValueError:
+                continue
+        return sorted(out)
+
+    def replay(self, after_epoch: int) -> Iterator[WalRecord]:
+        """Records with epochs after ``after_epoch``, in order; cuts off a torn tail."""
+        expected = after_epoch + 1
+        for _, path in self.files(self.dir):
+            records, good = read_records(path)
+            if good < path.stat().st_size:
+                with open(path, "r+b") as fh:
+                    fh.truncate(good)
+                    os.fsync(fh.fileno())
+            for rec in records:
+                if rec.epoch <= after_epoch:
+                    continue
+                if rec.epoch != expected:
+                    msg = (
+                        f"write-ahead log {path} jumps from epoch {expected - 1} to {rec.epoch}; "
+                        f"the index directory {self.dir} is damaged — restore it from a backup "
+                        f"or delete it and replay the input"
+                    )
+                    raise IndexStoreError(msg)
+                expected += 1
+                yield rec
+
+    def start(self, first_epoch: int) -> None:
+        """Append from now on to a new file for records from ``first_epoch`` on."""
+        self.close()
+        path = self.dir / f"wal-{first_epoch:012d}.log"
+        self._fh = open(path, "ab")  # noqa: SIM115 - held open across commits
+        self.current = path
+        if self.fsync:
+            fsync_dir(self.dir)
+
+    def append(self, epoch: int, committed_at_us: int, batch: CommitBatch) -> None:
+        """Write one commit and make it durable."""
+        if self._fh is None:
+            self.start(epoch)
+        fh = self._fh
+        assert fh is not None
+        try:
+            fh.write(encode_record(epoch, committed_at_us, batch))
+            fh.flush()
+            if self.fsync:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            msg = f"cannot write the index's write-ahead log {self.current}: {exc}"
+            raise IndexStoreError(msg) from exc
+
+    def drop_before(self, first_kept: Path | None) -> None:
+        """Delete every log file older than ``first_kept`` (checkpointed)."""
+        for start, path in self.files(self.dir):
+            if first_kept is not None and path == first_kept:
+                break
+            if first_kept is None or start < int(first_kept.stem.split("-", 1)[1]):
+                path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Close the current file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

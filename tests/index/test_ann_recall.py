@@ -1,0 +1,89 @@
+"""The ANN configurations against the exact one, on clustered data with tombstones and filters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamrag.changes import Op
+from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index.ann import AnnSpec
+from streamrag.index.compaction import CompactionSpec
+
+from .reference import Change, make_batch
+
+DIM = 32
+N = 4000
+
+
+def _clustered(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((40, DIM)).astype(np.float32)
+    x = centers[rng.integers(0, 40, n)] + 0.6 * rng.standard_normal((n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _load(index: LsmIndex, data: np.ndarray) -> None:
+    """Two tenants, then every 5th document updated and every 7th deleted."""
+    for lo in range(0, N, 500):
+        changes = [
+            Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,), "acme" if i % 10 == 0 else "default")
+            for i in range(lo, lo + 500)
+        ]
+        index.commit(_batch(changes, data))
+    later = [
+        Change(
+            f"d{i}", Op.UPSERT, 10_000 + i, N + i, (N + i,), "acme" if i % 10 == 0 else "default"
+        )
+        for i in range(0, N, 5)
+    ]
+    gone = [
+        Change(f"d{i}", Op.DELETE, 20_000 + i, 2 * N + i, (), "acme" if i % 10 == 0 else "default")
+        for i in range(0, N, 7)
+    ]
+    index.commit(_batch(later, data))
+    index.commit(_batch(gone, data))
+
+
+def _batch(changes: list[Change], data: np.ndarray):  # type: ignore[no-untyped-def]
+    batch = make_batch(changes, DIM)
+    rows = [s for c in changes for s in c.seeds]
+    batch.vectors[:] = data[rows] if rows else batch.vectors
+    return batch
+
+
+@pytest.mark.parametrize(
+    ("ann", "floor"),
+    [
+        (AnnSpec(min_rows=1000, hnsw_m=16, hnsw_ef_search=48), 0.95),
+        (AnnSpec(min_rows=1000, ivfpq_min_rows=1000, pq_m=8, ivf_nprobe=16, refine=8), 0.95),
+    ],
+    ids=["hnsw", "ivfpq"],
+)
+def test_ann_recall_against_exact(ann: AnnSpec, floor: float) -> None:
+    data = _clustered(2 * N, seed=1)
+    common = {"seal_rows": 1024, "compaction": CompactionSpec(fanout=2, seal_rows=1024)}
+    exact = LsmIndex(DIM, LsmSpec(ann=AnnSpec(min_rows=2**62), **common))  # type: ignore[arg-type]
+    approx = LsmIndex(DIM, LsmSpec(ann=ann, **common))  # type: ignore[arg-type]
+    for index in (exact, approx):
+        _load(index, data)
+        index.seal_all()
+        while index.maintain():
+            pass
+    assert approx.health().ann_segments >= 1
+    queries = _clustered(200, seed=2)
+    for flt in (
+        SearchFilter(),
+        SearchFilter(tenant="acme"),  # 10 % of rows: pre-filtered, exact
+        SearchFilter(start_us=100, end_us=100 + N // 2),  # half the documents
+        SearchFilter(as_of_us=15_000),  # before the deletes
+    ):
+        _, want = exact.search_many(queries, 10, flt)
+        _, got = approx.search_many(queries, 10, flt)
+        hits = sum(
+            len({h.chunk_id for h in g} & {h.chunk_id for h in w})
+            for g, w in zip(got, want, strict=True)
+        )
+        total = sum(len(w) for w in want)
+        assert [len(g) for g in got] == [len(w) for w in want]
+        assert hits / total >= floor, (flt, hits / total)

@@ -1,0 +1,82 @@
+"""Snapshot isolation: readers querying while a writer commits see exactly one epoch each."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from streamrag.changes import Op
+from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index.ann import AnnSpec
+from streamrag.index.compaction import CompactionSpec
+
+from .reference import Change, Reference, as_keys, make_batch, unit
+
+DIM = 8
+EPOCHS = 120
+READERS = 3
+
+
+def test_every_result_is_that_of_one_committed_epoch() -> None:
+    spec = LsmSpec(
+        seal_rows=4,
+        ann=AnnSpec(min_rows=2**62),
+        compaction=CompactionSpec(fanout=2, seal_rows=4),
+    )
+    # The maintenance thread seals, merges and swaps segments under the readers too.
+    index = LsmIndex(DIM, spec, background=True)
+    ref = Reference(DIM, retention=spec.retention_us)
+    queries = np.stack([unit(10_000 + i, DIM) for i in range(4)])
+    flt = SearchFilter()
+    expected: dict[int, list[list[tuple]]] = {0: [[] for _ in queries]}  # type: ignore[type-arg]
+    seen: list[list[tuple[int, list[list[tuple]]]]] = [[] for _ in range(READERS)]  # type: ignore[type-arg]
+    start = threading.Barrier(READERS + 1)
+    done = threading.Event()
+
+    def reader(slot: int) -> None:
+        start.wait()
+        while not done.is_set():
+            epoch, hits = index.search_many(queries, 5, flt)
+            seen[slot].append((epoch, [as_keys(h) for h in hits]))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(READERS)]
+    for t in threads:
+        t.start()
+    rng = np.random.default_rng(3)
+    seed = 0
+    start.wait()
+    try:
+        for e in range(1, EPOCHS + 1):
+            changes = []
+            for j, doc in enumerate(rng.choice(12, size=3, replace=False).tolist()):
+                op = Op.DELETE if rng.random() < 0.2 else Op.UPSERT
+                seeds = []
+                for _ in range(int(rng.integers(1, 4)) if op == Op.UPSERT else 0):
+                    seed += 1
+                    seeds.append(seed)
+                changes.append(
+                    Change(f"d{doc}", op, int(rng.integers(0, 1000)), e * 10 + j, tuple(seeds))
+                )
+            # The reference's answer for epoch e is recorded before the index publishes it.
+            ref.commit(changes)
+            expected[e] = [
+                [(t, d, p, ep, s) for t, d, p, ep, s in ref.search(q, 5, flt)[1]] for q in queries
+            ]
+            index.commit(make_batch(changes, DIM))
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+        index.close()
+    checked = 0
+    for results in seen:
+        for epoch, hits in results:
+            want = expected[epoch]
+            for got_q, want_q in zip(hits, want, strict=True):
+                assert [g[:4] for g in got_q] == [w[:4] for w in want_q], epoch
+                assert np.allclose([g[4] for g in got_q], [w[4] for w in want_q], atol=1e-5)
+            checked += 1
+    epochs_seen = {e for results in seen for e, _ in results}
+    assert checked > 0
+    assert len(epochs_seen) > 1  # the readers really ran while epochs changed
