@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.queries is not None and r == a.repeats - 1:
                 search = time_search(service, json.loads(a.queries.read_text()), a.k)
                 print(f"{tag} in-process search: {search}", file=sys.stderr, flush=True)
+            service.stop()  # stops the index's maintenance thread
             del service
             gc.collect()
             print(

@@ -219,7 +219,9 @@ def run(
             service = Service(settings)
             service.pipeline.run_until_caught_up(final=True)
             service.pipeline.close()
-            out.print_json(json.dumps(service.status()))
+            summary = service.status()
+            service.stop()  # close the index: a final checkpoint when it persists
+            out.print_json(json.dumps(summary))
         else:
             _live(settings, banner=True)
 
@@ -257,6 +259,7 @@ def replay(
             _write_jsonl(out_dir / "index.jsonl", index_digest(result.service.index))
             _write_jsonl(out_dir / "windows.jsonl", window_finals(result.windows))
             summary["written"] = str(out_dir)
+        result.service.stop()  # close the index: a final checkpoint when it persists
         out.print_json(json.dumps(summary))
 
     _guard(go)

@@ -30,9 +30,11 @@ checkpoints, taking the writer lock only to publish its result.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -180,6 +182,18 @@ class LsmIndex:
                 target=self._maintenance_loop, name="streamrag-index-maintenance", daemon=True
             )
             self._thread.start()
+            # A process that exits without close() must not kill the thread inside a
+            # graph build: native code aborts the process then. Let it finish first.
+            atexit.register(_halt_at_exit, weakref.ref(self))
+
+    def _halt(self) -> None:
+        """Stop the maintenance thread after its current step (no checkpoint)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
     # -- the VectorIndex contract ----------------------------------------------
 
@@ -976,3 +990,9 @@ class LsmIndex:
             f"LsmIndex(dim={self._dim}, epoch={s.epoch}, live_chunks={s.live_chunks}, "
             f"segments={len(self._manifest.views)}{where})"
         )
+
+
+def _halt_at_exit(ref: weakref.ReferenceType[LsmIndex]) -> None:
+    index = ref()
+    if index is not None:
+        index._halt()
