@@ -42,6 +42,7 @@ __all__ = [
     "MetaValue",
     "SearchFilter",
     "VectorIndex",
+    "check_queries",
 ]
 
 
@@ -254,3 +255,15 @@ class VectorIndex(Protocol):
     def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
         """Every live chunk of the latest epoch with its vector (for replays and audits)."""
         ...
+
+
+def check_queries(queries: npt.NDArray[np.float32], dim: int, k: int) -> npt.NDArray[np.float32]:
+    """Query vectors as a float32 ``(n, dim)`` matrix; refuse a wrong shape or ``k``."""
+    q = np.asarray(queries, dtype=np.float32)
+    if q.ndim != 2 or q.shape[1] != dim:
+        msg = f"queries must have shape (n, {dim}); found {q.shape}"
+        raise QueryError(msg)
+    if k <= 0:
+        msg = f"k must be positive, found {k}"
+        raise QueryError(msg)
+    return q

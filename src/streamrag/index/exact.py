@@ -35,6 +35,7 @@ from streamrag.index.base import (
     Hit,
     IndexStats,
     SearchFilter,
+    check_queries,
 )
 from streamrag.timing import Clock, SystemClock, Timestamp
 
@@ -182,13 +183,7 @@ class ExactIndex:
     ) -> tuple[int, list[list[Hit]]]:
         """Top-``k`` chunks per query from one epoch (the latest unless ``snapshot``)."""
         snap = snapshot or self._snapshot
-        q = np.asarray(queries, dtype=np.float32)
-        if q.ndim != 2 or q.shape[1] != self._dim:
-            msg = f"queries must have shape (n, {self._dim}); found {q.shape}"
-            raise QueryError(msg)
-        if k <= 0:
-            msg = f"k must be positive, found {k}"
-            raise QueryError(msg)
+        q = check_queries(queries, self._dim, k)
         if flt.as_of_us is not None or flt.metadata or flt.epoch not in (None, snap.epoch):
             msg = (
                 "the exact index keeps neither history nor document metadata: as_of, earlier "

@@ -55,6 +55,7 @@ from streamrag.index.base import (
     Hit,
     IndexStats,
     SearchFilter,
+    check_queries,
 )
 from streamrag.index.compaction import CompactionSpec, droppable, plan
 from streamrag.index.manifest import Manifest
@@ -248,13 +249,7 @@ class LsmIndex:
     ) -> tuple[int, list[list[Hit]]]:
         """Top-``k`` chunks per query from one pinned manifest; returns (epoch read, hits)."""
         man = manifest or self._manifest
-        q = np.asarray(queries, dtype=np.float32)
-        if q.ndim != 2 or q.shape[1] != self._dim:
-            msg = f"queries must have shape (n, {self._dim}); found {q.shape}"
-            raise QueryError(msg)
-        if k <= 0:
-            msg = f"k must be positive, found {k}"
-            raise QueryError(msg)
+        q = check_queries(queries, self._dim, k)
         spec = man.read_spec(flt)
         hits = search_segments(man.views, q, k, spec, man.epoch, self._spec.tuning)
         return spec.epoch, hits

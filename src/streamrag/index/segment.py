@@ -123,6 +123,9 @@ class Rows:
 
 
 _ARRAYS = ("rids", "chunk_ids", "positions", "valid_from", "offsets", "created", "sup", "valid_to")
+_NEVER_FILLED = frozenset({"created", "sup", "valid_to"})
+_FIRST_ROWS = 256
+"""Rows a new segment allocates; it doubles from there up to its capacity."""
 _LISTS = ("tenants", "doc_ids", "domains", "sources", "embedders", "texts", "hashes", "metadata")
 
 
@@ -165,21 +168,25 @@ class Segment:
         self.id = seg_id
         self.bucket = bucket
         self.dim = dim
-        self.capacity = capacity
+        self.capacity = capacity  # rows it may hold before it is sealed
+        # Columns start small and double as rows arrive: an index spread over many
+        # time buckets holds many growing segments, most of them nearly empty.
+        alloc = min(capacity, _FIRST_ROWS)
+        self.alloc = alloc
         self.n = 0
         self.sealed = False
         self.ann: Ann | None = None
         self.file: str | None = None  # the sealed body's file name, once written
         self.ann_file: str | None = None  # the ANN structure's file name, once written
-        self.vectors: F32 = np.zeros((capacity, dim), dtype=np.float32)
-        self.rids: I64 = np.zeros(capacity, dtype=np.int64)
-        self.chunk_ids: I64 = np.zeros(capacity, dtype=np.int64)
-        self.positions: npt.NDArray[np.int32] = np.zeros(capacity, dtype=np.int32)
-        self.valid_from: I64 = np.zeros(capacity, dtype=np.int64)
-        self.offsets: I64 = np.zeros(capacity, dtype=np.int64)
-        self.created: I64 = np.full(capacity, NEVER, dtype=np.int64)
-        self.sup: I64 = np.full(capacity, NEVER, dtype=np.int64)
-        self.valid_to: I64 = np.full(capacity, NEVER, dtype=np.int64)
+        self.vectors: F32 = np.zeros((alloc, dim), dtype=np.float32)
+        self.rids: I64 = np.zeros(alloc, dtype=np.int64)
+        self.chunk_ids: I64 = np.zeros(alloc, dtype=np.int64)
+        self.positions: npt.NDArray[np.int32] = np.zeros(alloc, dtype=np.int32)
+        self.valid_from: I64 = np.zeros(alloc, dtype=np.int64)
+        self.offsets: I64 = np.zeros(alloc, dtype=np.int64)
+        self.created: I64 = np.full(alloc, NEVER, dtype=np.int64)
+        self.sup: I64 = np.full(alloc, NEVER, dtype=np.int64)
+        self.valid_to: I64 = np.full(alloc, NEVER, dtype=np.int64)
         self.tenants: list[str] = []
         self.doc_ids: list[str] = []
         self.domains: list[str] = []
@@ -188,9 +195,9 @@ class Segment:
         self.texts: list[str] = []
         self.hashes: list[bytes] = []
         self.metadata: list[Mapping[str, Any] | None] = []
-        self.tenant_codes = _Codes(capacity)
-        self.domain_codes = _Codes(capacity)
-        self.doc_codes = _Codes(capacity)
+        self.tenant_codes = _Codes(alloc)
+        self.domain_codes = _Codes(alloc)
+        self.doc_codes = _Codes(alloc)
         self.min_created = NEVER
         self.max_created = -1
         self.min_valid_from = NEVER
@@ -215,6 +222,8 @@ class Segment:
         if hi > self.capacity or self.sealed:
             msg = f"segment {self.id} has room for {self.room} rows, not {m}"
             raise AssertionError(msg)
+        if hi > self.alloc:
+            self._grow(hi)
         self.vectors[lo:hi] = rows.vectors
         for name in _ARRAYS:
             getattr(self, name)[lo:hi] = getattr(rows, name)
@@ -230,6 +239,29 @@ class Segment:
         self.stamped += int(np.count_nonzero(rows.sup != NEVER))
         self.text_bytes += sum(map(len, rows.texts))
         self.n = hi
+
+    def _grow(self, rows: int) -> None:
+        """Reallocate the columns for at least ``rows`` rows (doubling, up to capacity).
+
+        Readers keep whichever arrays they already hold: rows ``[0, n)`` are the
+        same in both, and stamps written to the new arrays only ever carry epochs
+        newer than any reader of the old ones can see.
+        """
+        new = min(self.capacity, max(rows, 2 * self.alloc))
+        old_n = self.alloc
+        vectors = np.zeros((new, self.dim), dtype=np.float32)
+        vectors[:old_n] = self.vectors
+        self.vectors = vectors
+        for name in _ARRAYS:
+            col = getattr(self, name)
+            grown = np.full(new, NEVER if name in _NEVER_FILLED else 0, dtype=col.dtype)
+            grown[:old_n] = col
+            setattr(self, name, grown)
+        for codes in (self.tenant_codes, self.domain_codes, self.doc_codes):
+            column = np.zeros(new, dtype=np.int32)
+            column[:old_n] = codes.column
+            codes.column = column
+        self.alloc = new
 
     def stamp(self, local: I64, epoch: int, valid_to: I64 | int) -> None:
         """Mark rows superseded by ``epoch`` at event time ``valid_to`` (in place; module doc)."""
@@ -385,6 +417,7 @@ _SLOTS = (
     "bucket",
     "dim",
     "capacity",
+    "alloc",
     "n",
     "sealed",
     "ann",
