@@ -174,7 +174,10 @@ class IndexSettings(_Frozen):
         8192, gt=0, description="Rows of a growing (exactly searched) segment before it is sealed."
     )
     ann_min_rows: int = Field(
-        8192, gt=0, description="Sealed segments of at least this many rows get an ANN structure."
+        32_768,
+        gt=0,
+        description="Sealed segments of at least this many rows get an ANN structure; smaller "
+        "ones are scanned exactly (32k rows: ~1.5 ms a query here, and never wrong).",
     )
     ivfpq_min_rows: int = Field(
         2_000_000,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamrag.changes import Op
-from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index import CommitBatch, LsmIndex, LsmSpec, SearchFilter
 from streamrag.index.ann import AnnSpec
 from streamrag.index.compaction import CompactionSpec
 
@@ -87,3 +87,49 @@ def test_ann_recall_against_exact(ann: AnnSpec, floor: float) -> None:
         total = sum(len(w) for w in want)
         assert [len(g) for g in got] == [len(w) for w in want]
         assert hits / total >= floor, (flt, hits / total)
+
+
+def test_structures_are_calibrated_to_the_recall_target_or_dropped() -> None:
+    """Unstructured vectors: the graph must search wider, or the segment is scanned exactly."""
+    from streamrag.index.ann import HnswAnn, build_ann, recall_at_10
+
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((3000, 128)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    sample = np.arange(0, 3000, 25)
+    raw = HnswAnn.build(data, AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=10))
+    assert recall_at_10(raw, data, sample) < 0.95  # as built, it misses the target here
+    wide = build_ann("hnsw", data, AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=10))
+    assert isinstance(wide, HnswAnn)
+    assert wide.ef > 10
+    assert recall_at_10(wide, data, sample) >= 0.95
+    capped = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=10, max_ef=10)
+    assert build_ann("hnsw", data, capped) is None
+
+    # An index whose structure was refused still answers exactly.
+    common = {"seal_rows": 1024, "compaction": CompactionSpec(fanout=8, seal_rows=1024)}
+    spec = LsmSpec(ann=AnnSpec(min_rows=1000, hnsw_m=8, hnsw_ef_search=10, max_ef=10), **common)  # type: ignore[arg-type]
+    index = LsmIndex(128, spec)
+    changes = [Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(2048)]
+    batch = make_batch(changes, 128)
+    index.commit(
+        CommitBatch(
+            batch.docs,
+            batch.chunk_ids,
+            batch.positions,
+            batch.texts,
+            batch.hashes,
+            data[:2048].copy(),
+            batch.embedder_version,
+        )
+    )
+    index.seal_all()
+    while index.maintain():
+        pass
+    assert index.health().ann_segments == 0
+    assert index.health().ann_pending == 0
+    q = data[2048:2100]
+    _, hits = index.search_many(q, 10, SearchFilter())
+    want = np.argsort(-(q @ data[:2048].T), axis=1)[:, :10]
+    got = [[int(h.doc_id[1:]) for h in row] for row in hits]
+    assert got == want.tolist()

@@ -110,6 +110,7 @@ class IndexHealth:
     growing_segments: int
     ann_segments: int
     ann_pending: int
+    exact_by_measurement: int  # sealed segments whose structure missed the recall target
     rows: int
     live_chunks: int
     tombstoned_rows: int
@@ -551,6 +552,11 @@ class LsmIndex:
             log.exception("building the %s structure of %r failed", kind, seg)
             self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
             return True
+        if ann is None:
+            # Not accurate enough on this data at any width: scan it exactly.
+            self._failed_ann.add(seg.id)
+            log.info("%r is searched exactly: its %s structure missed the recall target", seg, kind)
+            return True
         self._attach_ann(seg, ann)
         return True
 
@@ -866,8 +872,13 @@ class LsmIndex:
             if entry["sealed"]:
                 seg.file = entry["file"]
                 if entry.get("ann"):
-                    seg.ann = load_hnsw(str(path / entry["ann"]), self._dim, seg.n, self._spec.ann)
-                    seg.ann_file = entry["ann"]
+                    seg.ann = load_hnsw(
+                        str(path / entry["ann"]), seg.vectors[: seg.n], self._spec.ann
+                    )
+                    if seg.ann is None:
+                        self._failed_ann.add(seg.id)
+                    else:
+                        seg.ann_file = entry["ann"]
             else:
                 self._growing[seg.bucket] = seg
             self._segments[seg.id] = seg
@@ -964,8 +975,12 @@ class LsmIndex:
             ann_pending=sum(
                 1
                 for s in segs
-                if s.sealed and s.ann is None and choose_ann(s.n, self._spec.ann) is not None
+                if s.sealed
+                and s.ann is None
+                and s.id not in self._failed_ann
+                and choose_ann(s.n, self._spec.ann) is not None
             ),
+            exact_by_measurement=sum(1 for s in segs if s.id in self._failed_ann),
             rows=rows,
             live_chunks=man.stats.live_chunks,
             tombstoned_rows=tomb,

@@ -144,6 +144,11 @@ class _IndexCollector(Collector):
         ("growing_segments", "streamrag_index_growing_segments", "Segments still growing."),
         ("ann_segments", "streamrag_index_ann_segments", "Sealed segments with an ANN structure."),
         ("ann_pending", "streamrag_index_ann_pending", "Sealed segments waiting for their ANN."),
+        (
+            "exact_by_measurement",
+            "streamrag_index_exact_segments_by_recall",
+            "Sealed segments scanned exactly: their ANN structure missed the recall target.",
+        ),
         ("rows", "streamrag_index_rows", "Stored chunk rows, superseded ones included."),
         ("tombstoned_rows", "streamrag_index_tombstoned_rows", "Rows superseded or deleted."),
         ("tombstone_ratio", "streamrag_index_tombstone_ratio", "Tombstoned rows / rows."),
