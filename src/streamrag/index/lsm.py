@@ -33,6 +33,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import weakref
 from collections import defaultdict
@@ -77,6 +78,10 @@ __all__ = ["IndexHealth", "LsmIndex", "LsmSpec"]
 log = logging.getLogger("streamrag.index")
 
 I64 = npt.NDArray[np.int64]
+
+
+_MAINTENANCE_NICE = 10
+"""How much lower the maintenance thread's CPU priority is than the process's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -925,6 +930,10 @@ class LsmIndex:
                 self._wake.notify()
 
     def _maintenance_loop(self) -> None:
+        # Graph builds and merges can wait; commits and queries cannot. On Linux a
+        # thread has its own nice value: give this one less CPU when others want it.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _MAINTENANCE_NICE)
         while True:
             with self._wake:
                 if self._closed:
