@@ -173,6 +173,7 @@ def test_no_change_is_held_past_max_delay(
         max_pending=10_000,
     )
     arrived: dict[str, int] = {}
+    weight: dict[str, int] = {}
     seq = 0
 
     def drain() -> None:
@@ -180,8 +181,10 @@ def test_no_change_is_held_past_max_delay(
             taken = b.take()
             for doc in taken.changes.doc_ids:
                 assert clock.now_us() - arrived.pop(doc) <= max_delay_ms * 1000
-        # whatever is still waiting is within its deadline
+        # whatever is still waiting is within its deadline, and counted right
         assert all(clock.now_us() - t <= max_delay_ms * 1000 for t in arrived.values())
+        assert b.pending == len(arrived)
+        assert b.pending_chunks == sum(weight[d] for d in arrived)
 
     def sleep(wait: int) -> None:
         while wait > 0:  # wake at the sooner of the wake-up and the batcher's deadline
@@ -199,6 +202,7 @@ def test_no_change_is_held_past_max_delay(
         ]
         for d in docs:
             arrived[d.doc_id] = clock.now_us()
+            weight[d.doc_id] = chunks
         seq += n
         b.add(ChangeBatch.from_changes(docs), chunks=[chunks] * n)
         drain()

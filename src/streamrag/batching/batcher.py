@@ -144,6 +144,7 @@ class MicroBatcher:
         self._clock = clock
         self._queues: dict[Hashable, _Queue] = {}
         self._pending = 0
+        self._pending_chunks = 0  # kept as a counter: other threads read it
         self._watermark: Timestamp = MIN_TIMESTAMP
         self._lock = threading.Lock()
 
@@ -164,7 +165,7 @@ class MicroBatcher:
     @property
     def pending_chunks(self) -> int:
         """Chunks waiting to be flushed (deletes count one each)."""
-        return sum(q.chunks for q in self._queues.values())
+        return self._pending_chunks
 
     @property
     def partitions(self) -> int:
@@ -226,7 +227,9 @@ class MicroBatcher:
                 if q is None:
                     q = self._queues[key] = _Queue()
                 q.segments.append(seg)
-                q.chunks += int(seg.weights.sum())
+                added = int(seg.weights.sum())
+                q.chunks += added
+                self._pending_chunks += added
                 q.tokens += int(seg.tokens.sum())
             self._pending += n
 
@@ -323,6 +326,7 @@ class MicroBatcher:
                     q.segments.appendleft(rest)
                 c, t = int(seg.weights.sum()), int(seg.tokens.sum())
                 q.chunks -= c
+                self._pending_chunks -= c
                 q.tokens -= t
                 chunks += c
                 tokens += t
@@ -376,5 +380,6 @@ class MicroBatcher:
                     q = self._queues[key] = _Queue()
                 q.segments.appendleft(seg)
                 q.chunks += int(weights.sum())
+                self._pending_chunks += int(weights.sum())
                 q.tokens += int(toks.sum())
             self._pending += len(pending.changes)
