@@ -171,7 +171,9 @@ def demo(
         ".streamrag-demo"
     ),
     embedder: Annotated[str, typer.Option(help="'minilm' (default) or 'hashing'.")] = "minilm",
-    reset: Annotated[bool, typer.Option(help="Start again from the bundled corpus.")] = False,
+    reset: Annotated[
+        bool, typer.Option(help="Start again from the bundled corpus, with an empty index.")
+    ] = False,
     host: HostOption = None,
     port: PortOption = None,
 ) -> None:
@@ -181,6 +183,8 @@ def demo(
     """
     workdir.mkdir(parents=True, exist_ok=True)
     corpus = workdir / "changes.jsonl"
+    if reset:
+        shutil.rmtree(workdir / "state", ignore_errors=True)  # the index built from the old input
     if reset or not corpus.exists():
         with resources.as_file(resources.files("streamrag") / "data" / "sample_changes.jsonl") as f:
             shutil.copyfile(f, corpus)
