@@ -133,3 +133,56 @@ def test_structures_are_calibrated_to_the_recall_target_or_dropped() -> None:
     want = np.argsort(-(q @ data[:2048].T), axis=1)[:, :10]
     got = [[int(h.doc_id[1:]) for h in row] for row in hits]
     assert got == want.tolist()
+
+
+def test_recall_is_rechecked_on_live_queries() -> None:
+    """A graph that passes on its own rows but misses on the queries users send is widened."""
+    from streamrag.index.ann import HnswAnn, recall_on
+
+    data = _clustered(3000, seed=7)
+    ann = AnnSpec(
+        min_rows=1000,
+        hnsw_m=4,
+        hnsw_ef_construction=16,
+        hnsw_ef_search=10,
+        probe_every=64,
+        probe_queries=128,
+    )
+    common = {"seal_rows": 4096, "compaction": CompactionSpec(fanout=8, seal_rows=4096)}
+    index = LsmIndex(DIM, LsmSpec(ann=ann, **common), background=False)  # type: ignore[arg-type]
+    batch = make_batch([Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(3000)], DIM)
+    index.commit(
+        CommitBatch(
+            batch.docs,
+            batch.chunk_ids,
+            batch.positions,
+            batch.texts,
+            batch.hashes,
+            data.copy(),
+            batch.embedder_version,
+        )
+    )
+    index.seal_all()
+    while index.maintain():
+        pass
+    [seg] = [v.segment for v in index.pin().views]
+    assert isinstance(seg.ann, HnswAnn)
+    ef_before = seg.ann.ef
+    # Queries unlike the documents: random directions, where a thin graph gets lost.
+    rng = np.random.default_rng(11)
+    queries = rng.standard_normal((1200, DIM)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    before = recall_on(seg.ann, data, queries[:200])
+    assert before < 0.95
+    for i in range(1200):
+        index.search_many(queries[i : i + 1], 10, SearchFilter())
+    assert index.maintain()  # the re-check was due, and changed the structure
+    after = seg.ann
+    if after is not None:
+        assert isinstance(after, HnswAnn)
+        assert after.ef > ef_before
+        assert recall_on(after, data, queries[:200]) >= 0.9
+    else:
+        assert index.health().exact_by_measurement == 1
+    assert index.ann_recall_min >= 0.95
+    index.close()

@@ -27,7 +27,10 @@ graph finds only 68–84 % whatever ef (measured on 16k rows). So every structur
 is checked after it is built (:func:`calibrate`): leave-one-out recall@10 on a
 sample of the segment's own rows, raising ef (HNSW) or nprobe (IVF-PQ) until it
 reaches ``target_recall``. A structure that cannot is dropped and the segment is
-scanned exactly: slower, never wrong.
+scanned exactly: slower, never wrong. A segment's own rows are not the queries
+users send, so the check is repeated on live traffic: the index keeps a sample of
+recent query vectors and, every ``probe_every`` queries, the maintenance thread
+measures each structure's recall@10 on them and widens or drops it the same way.
 
 Neither structure knows about tombstones: a search asks for more candidates
 than it needs and drops those the query may not see (see :mod:`.search`). All
@@ -56,6 +59,7 @@ __all__ = [
     "choose_ann",
     "load_hnsw",
     "recall_at_10",
+    "recall_on",
 ]
 
 AnnKind = Literal["hnsw", "ivfpq"]
@@ -77,6 +81,10 @@ class AnnSpec:
     target_recall: float = 0.95
     max_ef: int = 512
     calibration_rows: int = 128
+    probe_queries: int = 128
+    """Recent real queries kept to re-check each structure's recall as traffic changes."""
+    probe_every: int = 512
+    """Queries between two re-checks."""
 
 
 class Ann(Protocol):
@@ -120,19 +128,31 @@ def build_ann(kind: AnnKind, vectors: npt.NDArray[np.float32], spec: AnnSpec) ->
 def recall_at_10(
     ann: Ann, vectors: npt.NDArray[np.float32], sample: npt.NDArray[np.int64]
 ) -> float:
-    """Leave-one-out recall@10 of ``ann`` with the sampled rows as queries.
+    """Leave-one-out recall@10 of ``ann`` with the sampled rows as queries."""
+    return recall_on(ann, vectors, vectors[sample], exclude=sample)
 
-    A candidate counts when its exact score reaches the true 10th-best score, so
+
+def recall_on(
+    ann: Ann,
+    vectors: npt.NDArray[np.float32],
+    queries: npt.NDArray[np.float32],
+    exclude: npt.NDArray[np.int64] | None = None,
+) -> float:
+    """Recall@10 of ``ann`` over ``vectors`` for ``queries``.
+
+    ``exclude`` names one row per query to leave out (leave-one-out). A
+    candidate counts when its exact score reaches the true 10th-best score, so
     duplicate rows (ties) are not held against the structure.
     """
-    k = min(10, vectors.shape[0] - 1)
-    if k <= 0:
+    k = min(10, vectors.shape[0] - (1 if exclude is not None else 0))
+    if k <= 0 or queries.shape[0] == 0:
         return 1.0
-    q = vectors[sample]
+    q = queries
     exact = q @ vectors.T
-    exact[np.arange(len(sample)), sample] = -np.inf  # leave the query's own row out
+    if exclude is not None:
+        exact[np.arange(len(exclude)), exclude] = -np.inf  # leave the query's own row out
     kth = -np.partition(-exact, k - 1, axis=1)[:, k - 1]
-    labels, scores = ann.search(q, k + 1)
+    labels, scores = ann.search(q, k + (1 if exclude is not None else 0))
     if scores is None:  # approximate candidates: rank them exactly, as the search path does
         safe = np.where(labels >= 0, labels, 0)
         scores = np.where(labels >= 0, np.take_along_axis(exact, safe, axis=1), -np.inf)
@@ -140,9 +160,10 @@ def recall_at_10(
         labels = np.take_along_axis(labels, order, axis=1)
     hits = 0
     for i, row in enumerate(labels.tolist()):
-        found = [c for c in row if c >= 0 and c != int(sample[i])][:k]
+        own = int(exclude[i]) if exclude is not None else -1
+        found = [c for c in row if c >= 0 and c != own][:k]
         hits += int(np.count_nonzero(exact[i, found] >= kth[i] - 1e-6))
-    return float(hits / (k * len(sample)))
+    return float(hits / (k * q.shape[0]))
 
 
 def calibrate(ann: Ann, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> Ann | None:

@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from streamrag.changes import Op
 from streamrag.errors import IndexStoreError, QueryError
-from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw
+from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw, recall_on
 from streamrag.index.base import (
     CommitBatch,
     CommitResult,
@@ -81,6 +81,8 @@ I64 = npt.NDArray[np.int64]
 
 
 _MAINTENANCE_NICE = 10
+_PROBE_SAMPLING = 8
+"""One query in this many is kept as a probe for the recall re-check."""
 """How much lower the maintenance thread's CPU priority is than the process's."""
 
 
@@ -115,6 +117,7 @@ class IndexHealth:
     growing_segments: int
     ann_segments: int
     ann_pending: int
+    ann_recall_min: float  # lowest recall@10 on recent queries over ANN segments (1.0: none)
     exact_by_measurement: int  # sealed segments whose structure missed the recall target
     rows: int
     live_chunks: int
@@ -176,6 +179,11 @@ class LsmIndex:
         self._dirty = 0  # commits since the last checkpoint
         self._needs_checkpoint = False
         self._failed_ann: set[int] = set()
+        # A sample of recent query vectors, to re-check ANN recall on real traffic.
+        self._probes: deque[npt.NDArray[np.float32]] = deque(maxlen=self._spec.ann.probe_queries)
+        self._queries_seen = 0
+        self._queries_at_check = 0
+        self.ann_recall_min = 1.0
         self._wal: WriteAheadLog | None = None
         self._wake = threading.Condition()
         self._closed = False
@@ -258,6 +266,11 @@ class LsmIndex:
         q = check_queries(queries, self._dim, k)
         spec = man.read_spec(flt)
         hits = search_segments(man.views, q, k, spec, man.epoch, self._spec.tuning)
+        self._queries_seen += q.shape[0]  # approximate under threads: it only paces checks
+        if self._queries_seen % _PROBE_SAMPLING < q.shape[0]:
+            self._probes.append(q[0].copy())
+            if self._queries_seen - self._queries_at_check >= self._spec.ann.probe_every:
+                self._notify()
         return spec.epoch, hits
 
     def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
@@ -520,6 +533,7 @@ class LsmIndex:
         with self._maint:
             while self._build_one_ann():
                 did = True
+            did |= self.check_recall()
             did |= self.compact()
             if self._path is not None and (
                 self._needs_checkpoint or self._dirty >= self._spec.checkpoint_every
@@ -527,6 +541,49 @@ class LsmIndex:
                 self.checkpoint()
                 did = True
         return did
+
+    def check_recall(self, *, force: bool = False) -> bool:
+        """Re-check every ANN structure's recall@10 on recent real queries.
+
+        A structure below ``target_recall`` is widened until it reaches it, or
+        dropped (the segment is then scanned exactly). Runs every
+        ``probe_every`` queries; True if a structure was changed.
+        """
+        spec = self._spec.ann
+        due = self._queries_seen - self._queries_at_check >= spec.probe_every
+        if not self._probes or not (due or force):
+            return False
+        self._queries_at_check = self._queries_seen
+        queries = np.stack(list(self._probes))
+        changed = False
+        lowest = 1.0
+        for seg in list(self._segments.values()):
+            ann = seg.ann
+            if ann is None or not seg.sealed:
+                continue
+            vectors = seg.vectors[: ann.rows]
+            recall = recall_on(ann, vectors, queries)
+            while recall < spec.target_recall and ann.widen(spec):
+                changed = True
+                recall = recall_on(ann, vectors, queries)
+            if recall < spec.target_recall:
+                log.warning(
+                    "%r: its %s structure finds %.0f%% of the true top 10 on recent queries "
+                    "at its widest; searching it exactly from now on",
+                    seg,
+                    ann.kind,
+                    100 * recall,
+                )
+                with self._lock:
+                    seg.ann = None
+                    seg.ann_file = None
+                    self._failed_ann.add(seg.id)
+                    self._needs_checkpoint = True
+                changed = True
+                continue
+            lowest = min(lowest, recall)
+        self.ann_recall_min = lowest
+        return changed
 
     def _ann_candidates(self) -> list[Segment]:
         spec = self._spec.ann
@@ -990,6 +1047,7 @@ class LsmIndex:
                 and choose_ann(s.n, self._spec.ann) is not None
             ),
             exact_by_measurement=sum(1 for s in segs if s.id in self._failed_ann),
+            ann_recall_min=self.ann_recall_min,
             rows=rows,
             live_chunks=man.stats.live_chunks,
             tombstoned_rows=tomb,

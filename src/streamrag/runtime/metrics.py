@@ -145,6 +145,11 @@ class _IndexCollector(Collector):
         ("ann_segments", "streamrag_index_ann_segments", "Sealed segments with an ANN structure."),
         ("ann_pending", "streamrag_index_ann_pending", "Sealed segments waiting for their ANN."),
         (
+            "ann_recall_min",
+            "streamrag_index_ann_recall_min",
+            "Lowest recall@10 of an ANN structure on recent queries (1 when none measured).",
+        ),
+        (
             "exact_by_measurement",
             "streamrag_index_exact_segments_by_recall",
             "Sealed segments scanned exactly: their ANN structure missed the recall target.",
