@@ -278,8 +278,8 @@ class MicroBatcher:
     def take(self) -> PendingBatch:
         """Cut the most urgent batch: expired deadlines first, then full, then closed buckets.
 
-        Without a due partition (a forced flush), the partition with the oldest
-        change goes first.
+        Without a due partition (a forced flush), partitions go oldest first and
+        the batch is filled from as many of them as fit, each kept together.
         """
         with self._lock:
             now = self._clock.now_us()
@@ -296,6 +296,8 @@ class MicroBatcher:
             keys = [key]
             if reason == "deadline":  # take every partition whose deadline has passed
                 keys += [c[2] for c in candidates[1:] if c[0] == 0]
+            elif reason is None:  # forced (a drain or a bounded replay): fill the batch
+                keys += [c[2] for c in candidates[1:]]
             return self._cut(keys, reason or "forced", now)
 
     def _cut(self, keys: list[Hashable], reason: str, now: Timestamp) -> PendingBatch:

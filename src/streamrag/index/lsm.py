@@ -179,6 +179,7 @@ class LsmIndex:
         self._dirty = 0  # commits since the last checkpoint
         self._needs_checkpoint = False
         self._failed_ann: set[int] = set()
+        self._view_cache: dict[int, View] = {}
         # A sample of recent query vectors, to re-check ANN recall on real traffic.
         self._probes: deque[npt.NDArray[np.float32]] = deque(maxlen=self._spec.ann.probe_queries)
         self._queries_seen = 0
@@ -485,7 +486,7 @@ class LsmIndex:
     def _make_manifest(
         self, epoch: int, parent: int | None, now: Timestamp, restored_from: int | None = None
     ) -> Manifest:
-        views = tuple(View(s, s.n) for s in self._segments.values())
+        views = self._views()
         if self._high == MIN_TIMESTAMP:
             floor = MIN_TIMESTAMP
         else:
@@ -510,10 +511,28 @@ class LsmIndex:
             restored_from=restored_from,
         )
 
+    def _views(self) -> tuple[View, ...]:
+        """A view of every segment at its current length, reusing unchanged ones.
+
+        An index over many days holds thousands of segments and a commit touches
+        a few: building a fresh view of each would make every commit cost
+        O(segments).
+        """
+        cache = self._view_cache
+        views = []
+        for sid, seg in self._segments.items():
+            v = cache.get(sid)
+            if v is None or v.segment is not seg or v.rows != seg.n:
+                v = cache[sid] = View(seg, seg.n)
+            views.append(v)
+        if len(cache) > 2 * len(self._segments) + 64:  # forget merged-away segments
+            self._view_cache = {sid: cache[sid] for sid in self._segments if sid in cache}
+        return tuple(views)
+
     def _republish(self) -> None:
         """Publish the same epoch with the current segments (after maintenance)."""
         man = self._manifest
-        views = tuple(View(s, s.n) for s in self._segments.values())
+        views = self._views()
         self._manifest = replace(
             man, views=views, stats=replace(man.stats, rows=sum(v.rows for v in views))
         )
