@@ -34,6 +34,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -111,6 +112,7 @@ class Pipeline:
         on_commit: Sequence[CommitHook] = (),
         on_window: Sequence[WindowHook] = (),
         resume: Mapping[str, int] | None = None,
+        event_time_state: Mapping[str, Any] | None = None,
     ) -> None:
         if embedder.dim != index.dim:
             msg = (
@@ -137,6 +139,8 @@ class Pipeline:
         )
         self.max_read_bytes = max_read_bytes
         self.event_time = event_time or EventTimeStage(WatermarkTracker(clock=clock))
+        if event_time_state is not None:
+            self.event_time.restore(dict(event_time_state))
         self.window_side_output = window_side_output
         self.metrics = metrics or Metrics()
         self.on_commit = list(on_commit)
@@ -146,6 +150,23 @@ class Pipeline:
         self._drained = False
         self._idle_poll_us: Timestamp = 0
         self._stats_lock = threading.Lock()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Source positions and event-time state together, at a point where both agree.
+
+        Taken when nothing read is uncommitted (after a flush), the positions
+        say where to resume reading and the event-time state (watermark,
+        per-input maxima, every window) is exactly what those records produced;
+        pass them back as ``resume`` and ``event_time_state`` to continue.
+        Plain data, so it can be written with the commit it belongs to.
+        """
+        if self.uncommitted:
+            msg = (
+                f"{self.uncommitted} changes are read but not committed; flush before taking "
+                "a checkpoint, so that positions and window state describe the same records"
+            )
+            raise StreamragError(msg)
+        return {"positions": self.reader.snapshot(), "event_time": self.event_time.snapshot()}
 
     @property
     def watermark(self) -> Timestamp:
