@@ -17,7 +17,9 @@ unit streamrag commits and checkpoints: the watermark stored with a commit is
 then exactly the one its changes were judged against, so a replay after a crash
 classifies every change the same way. **Per-event mode** moves the watermark
 after every change, as Flink does; it costs a Python call per change and exists
-for parity.
+for parity. With a processing-time tick (``batcher.tick_ms``) the watermark
+moves only on the ticks that also cut micro-batches, so window results and
+index commits run on one schedule.
 
 Late changes (all their windows expired) come back as the late side output.
 They are still applied to the index — last-writer-wins makes a late version
