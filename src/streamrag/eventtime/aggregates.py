@@ -31,7 +31,19 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["AGGREGATORS", "Aggregator", "Collect", "Count", "Max", "Mean", "Min", "Sum"]
+__all__ = [
+    "AGGREGATORS",
+    "Aggregator",
+    "Collect",
+    "Columnar",
+    "Count",
+    "Max",
+    "Mean",
+    "Min",
+    "Sum",
+]
+
+F64 = npt.NDArray[np.float64]
 
 
 class Aggregator(Protocol):
@@ -53,6 +65,37 @@ class Aggregator(Protocol):
 
     def result(self, acc: Any) -> Any:
         """The window's answer from its accumulator."""
+        ...
+
+
+class Columnar(Protocol):
+    """An aggregator whose accumulator is a few float64 columns, for columnar window state.
+
+    ``identity`` is the empty accumulator, ``ufunc`` combines two accumulators
+    column by column (``np.add``, ``np.minimum``, ``np.maximum``), ``grouped``
+    folds a batch into one row per group, ``results`` reads answers out of rows,
+    and ``to_acc``/``from_acc`` convert a row to and from the plain accumulator
+    (for checkpoints, which both window-state layouts share).
+    """
+
+    name: str
+    identity: tuple[float, ...]
+    ufunc: np.ufunc
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        """One accumulator row per group."""
+        ...
+
+    def results(self, state: F64) -> list[Any]:
+        """The answer of every row."""
+        ...
+
+    def to_acc(self, row: F64) -> Any:
+        """The plain accumulator of a row."""
+        ...
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        """The row of a plain accumulator."""
         ...
 
 
@@ -79,6 +122,21 @@ class Count:
     ) -> list[int]:
         return np.bincount(groups, minlength=n_groups).tolist()  # type: ignore[no-any-return]
 
+    identity = (0.0,)
+    ufunc = np.add
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        return np.bincount(groups, minlength=n_groups).astype(np.float64)[:, None]
+
+    def results(self, state: F64) -> list[Any]:
+        return state[:, 0].astype(np.int64).tolist()  # type: ignore[no-any-return]
+
+    def to_acc(self, row: F64) -> Any:
+        return int(row[0])
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc),)
+
 
 class Sum:
     """The sum of numeric values."""
@@ -104,6 +162,23 @@ class Sum:
         assert values is not None
         weights = values.astype(np.float64)
         return np.bincount(groups, weights=weights, minlength=n_groups).tolist()  # type: ignore[no-any-return]
+
+    identity = (0.0,)
+    ufunc = np.add
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        assert values is not None
+        sums: F64 = np.bincount(groups, weights=values, minlength=n_groups).astype(np.float64)
+        return sums[:, None]
+
+    def results(self, state: F64) -> list[Any]:
+        return state[:, 0].tolist()  # type: ignore[no-any-return]
+
+    def to_acc(self, row: F64) -> Any:
+        return float(row[0])
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc),)
 
 
 class Min:
@@ -132,6 +207,24 @@ class Min:
         np.minimum.at(out, groups, values.astype(np.float64))
         return out.tolist()  # type: ignore[no-any-return,unused-ignore]
 
+    identity = (math.inf,)
+    ufunc = np.minimum
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        assert values is not None
+        out = np.full(n_groups, np.inf)
+        np.minimum.at(out, groups, values)
+        return out[:, None]
+
+    def results(self, state: F64) -> list[Any]:
+        return state[:, 0].tolist()  # type: ignore[no-any-return]
+
+    def to_acc(self, row: F64) -> Any:
+        return float(row[0])
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc),)
+
 
 class Max:
     """The largest numeric value."""
@@ -159,6 +252,24 @@ class Max:
         np.maximum.at(out, groups, values.astype(np.float64))
         return out.tolist()  # type: ignore[no-any-return,unused-ignore]
 
+    identity = (-math.inf,)
+    ufunc = np.maximum
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        assert values is not None
+        out = np.full(n_groups, -np.inf)
+        np.maximum.at(out, groups, values)
+        return out[:, None]
+
+    def results(self, state: F64) -> list[Any]:
+        return state[:, 0].tolist()  # type: ignore[no-any-return]
+
+    def to_acc(self, row: F64) -> Any:
+        return float(row[0])
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc),)
+
 
 class Mean:
     """The arithmetic mean of numeric values; the accumulator is ``[sum, count]``."""
@@ -185,6 +296,24 @@ class Mean:
         sums = np.bincount(groups, weights=values.astype(np.float64), minlength=n_groups)
         counts = np.bincount(groups, minlength=n_groups)
         return [[s, c] for s, c in zip(sums.tolist(), counts.tolist(), strict=True)]
+
+    identity = (0.0, 0.0)
+    ufunc = np.add
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        assert values is not None
+        sums = np.bincount(groups, weights=values, minlength=n_groups)
+        counts = np.bincount(groups, minlength=n_groups).astype(np.float64)
+        return np.stack([sums, counts], axis=1)
+
+    def results(self, state: F64) -> list[Any]:
+        return [s / c if c else math.nan for s, c in state.tolist()]
+
+    def to_acc(self, row: F64) -> Any:
+        return [float(row[0]), int(row[1])]
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc[0]), float(acc[1]))
 
 
 class Collect:

@@ -47,7 +47,7 @@ them per element gives Flink's per-event semantics.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.eventtime.aggregates import Aggregator
+from streamrag.eventtime.columnar import ColumnarWindows
 from streamrag.eventtime.windows import Session, Sliding, Window, WindowAssigner
 from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 
@@ -156,6 +157,18 @@ class WindowedAggregation:
             and not assigner.merging
             and hasattr(aggregator, "add_grouped")
         )
+        # Numeric aggregations over sliding windows keep their state in columns.
+        self._columns: ColumnarWindows | None = None
+        if isinstance(assigner, Sliding) and hasattr(aggregator, "ufunc"):
+            self._columns = ColumnarWindows(
+                assigner,
+                aggregator,  # type: ignore[arg-type]
+                allowed_lateness_us,
+            )
+
+    def _columnar(self) -> ColumnarWindows | None:
+        """The column store, when this operator uses it (tests may turn it off)."""
+        return self._columns if self._vectorized else None
 
     # -- reading ---------------------------------------------------------------
 
@@ -170,7 +183,8 @@ class WindowedAggregation:
 
         A counter, so another thread may read it while the operator runs.
         """
-        return self._open
+        cols = self._columnar()
+        return self._open if cols is None else cols.open
 
     def expired(self, window: Window) -> bool:
         """Whether a window's state is gone: ``end - 1 + allowed_lateness <= W``."""
@@ -194,6 +208,9 @@ class WindowedAggregation:
             raise ValueError(msg)
         if n == 0:
             return [], []
+        cols = self._columnar()
+        if cols is not None:
+            return self._process_in_columns(cols, keys, times, values)
         dirty: dict[tuple[Hashable, Window], None] = {}
         if self._vectorized:
             late = self._process_columns(keys, times, values, dirty)
@@ -207,6 +224,74 @@ class WindowedAggregation:
                 fired.append(self._fire(key, window, st, Timing.LATE))
         fired.sort(key=_sort_key)
         return fired, late
+
+    def _process_in_columns(
+        self,
+        cols: ColumnarWindows,
+        keys: Sequence[Hashable],
+        times: Sequence[int] | npt.NDArray[np.int64],
+        values: Sequence[Any] | npt.NDArray[Any] | None,
+    ) -> tuple[list[WindowResult], list[LateElement]]:
+        """Fold a batch into the column store.
+
+        Every step is an array operation except the key lookup (one per element)
+        and building the results.
+        """
+        assigner = cols.assigner
+        size, slide, lateness = assigner.size_us, assigner.slide_us, self.allowed_lateness_us
+        wm = self._watermark
+        t = np.asarray(times, dtype=np.int64)
+        last = assigner.last_starts(t)
+        late_mask = last + size - 1 + lateness <= wm
+        steps = np.arange(assigner.windows_per_element, dtype=np.int64) * slide
+        starts = last[:, None] - steps[None, :]
+        ends = starts + size
+        valid = (ends > t[:, None]) & (ends - 1 + lateness > wm)
+        rows, which = np.nonzero(valid)
+        win_starts = starts[rows, which]
+        code_of = cols.code_of
+        if isinstance(keys, np.ndarray) and keys.dtype != object:
+            uniq, inverse = np.unique(keys, return_inverse=True)
+            ucodes = np.asarray([code_of(k) for k in uniq.tolist()], dtype=np.int64)
+            codes = ucodes[inverse]
+        else:
+            codes = np.asarray([code_of(k) for k in keys], dtype=np.int64)
+        row_codes = codes[rows]
+        order = np.lexsort((win_starts, row_codes))
+        s_codes, s_starts = row_codes[order], win_starts[order]
+        change = np.ones(len(order), dtype=bool)
+        change[1:] = (s_codes[1:] != s_codes[:-1]) | (s_starts[1:] != s_starts[:-1])
+        groups = np.empty(len(order), dtype=np.intp)
+        groups[order] = np.cumsum(change) - 1
+        firsts = np.flatnonzero(change)
+        column = None
+        if getattr(self.aggregator, "needs_value", True):
+            if values is None:
+                msg = f"aggregation {self.aggregator.name!r} needs values; pass values="
+                raise ValueError(msg)
+            column = np.asarray(values, dtype=np.float64)[rows]
+        partials = cols.agg.grouped(column, groups, int(firsts.size))
+        behind = cols.fold(s_codes[firsts], s_starts[firsts], partials, wm)
+        fired = cols.fire(
+            behind, self._emitter(Timing.LATE), mark_fired=True, discarding=self._discarding
+        )
+        late = []
+        if late_mask.any():
+            for i in np.flatnonzero(late_mask).tolist():
+                value = None if values is None else values[i]
+                late.append(LateElement(i, keys[i], int(t[i]), value, wm))
+        return fired, late
+
+    @property
+    def _discarding(self) -> bool:
+        return self.accumulation is Accumulation.DISCARDING
+
+    @staticmethod
+    def _emitter(timing: Timing) -> Callable[[Hashable, Window, Any, int], WindowResult]:
+        def emit(key: Hashable, window: Window, value: Any, pane: int) -> WindowResult:
+            return WindowResult(key, window, value, timing, pane)
+
+        return emit
 
     def _process_rows(
         self,
@@ -357,6 +442,14 @@ class WindowedAggregation:
         if watermark <= self._watermark:
             return []
         self._watermark = watermark
+        cols = self._columnar()
+        if cols is not None:
+            due = cols.due(watermark)
+            fired = cols.fire(
+                due, self._emitter(Timing.ON_TIME), mark_fired=True, discarding=self._discarding
+            )
+            cols.expire(watermark)
+            return fired
         out = []
         state = self._state
         heap = self._fire_heap
@@ -396,6 +489,14 @@ class WindowedAggregation:
         # Ticks stay on the schedule set by the first call, however late we are.
         every = self.early_every_us
         self._next_early = now_us - (now_us - self._next_early) % every + every
+        cols = self._columnar()
+        if cols is not None:
+            return cols.fire(
+                cols.early(),
+                self._emitter(Timing.EARLY),
+                mark_fired=False,
+                discarding=self._discarding,
+            )
         out = []
         for key, windows in self._state.items():
             for window, st in windows.items():
@@ -437,11 +538,15 @@ class WindowedAggregation:
 
         Timers are not stored: they are derived from the windows on restore.
         """
-        rows = [
-            [key, w.start, w.end, st.acc, st.fired, st.panes, st.fresh, st.filled]
-            for key, windows in self._state.items()
-            for w, st in windows.items()
-        ]
+        cols = self._columnar()
+        if cols is not None:
+            rows = cols.rows()
+        else:
+            rows = [
+                [key, w.start, w.end, st.acc, st.fired, st.panes, st.fresh, st.filled]
+                for key, windows in self._state.items()
+                for w, st in windows.items()
+            ]
         return {"watermark": self._watermark, "next_early": self._next_early, "windows": rows}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -452,6 +557,10 @@ class WindowedAggregation:
         self._open = 0
         self._fire_at, self._fire_heap = {}, []
         self._expire_at, self._expire_heap = {}, []
+        cols = self._columnar()
+        if cols is not None:
+            cols.load(state["windows"], _hashable)
+            return
         for key, start, end, acc, fired, panes, fresh, filled in state["windows"]:
             k = _hashable(key)
             window = Window(int(start), int(end))
