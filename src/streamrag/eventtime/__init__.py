@@ -4,6 +4,7 @@
 * :mod:`.windows` — tumbling, sliding and session windows.
 * :mod:`.aggregates` — incremental aggregations (count, sum, mean, ...).
 * :mod:`.operator` — the keyed window operator: firing, allowed lateness, late output.
+* :mod:`.columnar` — its window state in numpy columns, for numeric aggregations.
 * :mod:`.stage` — the pipeline's event-time stage that ties them together.
 """
 

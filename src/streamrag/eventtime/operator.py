@@ -22,6 +22,11 @@ know, with Beam's pane timing on every result:
 * **Accumulating** (default) results carry everything the window has seen;
   **discarding** results carry only what arrived since the window last fired.
 
+Sliding and tumbling windows with a numeric aggregation (count, sum, min, max,
+mean) keep their state in columns (:mod:`.columnar`); sessions and ``collect``
+keep one small object per window. Both layouts follow the same rules and write
+the same checkpoint rows.
+
 Elements are judged against the watermark the operator holds when
 :meth:`WindowedAggregation.process` is called, and the watermark moves only by
 :meth:`WindowedAggregation.advance`. Calling ``process`` with a whole

@@ -63,6 +63,7 @@ from streamrag.index.manifest import Manifest
 from streamrag.index.search import SearchTuning, View, search_segments
 from streamrag.index.segment import NEVER, Rows, Segment
 from streamrag.index.store import (
+    load_arrow,
     read_manifest,
     read_rows,
     read_table,
@@ -191,6 +192,9 @@ class LsmIndex:
         self.last_maintenance_error: str | None = None
         self._manifest = self._make_manifest(0, None, self._clock.now_us())
         if self._path is not None:
+            # Load pyarrow now: importing it inside the first checkpoint would stall
+            # commits and queries for tens of milliseconds.
+            load_arrow()
             self._open(self._path)
         self._thread: threading.Thread | None = None
         if background:

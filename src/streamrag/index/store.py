@@ -28,6 +28,7 @@ from streamrag.index.segment import Rows
 from streamrag.index.wal import fsync_dir
 
 __all__ = [
+    "load_arrow",
     "read_manifest",
     "read_rows",
     "read_table",
@@ -48,6 +49,11 @@ def _pa() -> Any:
         purpose = "The persistent index"
         raise MissingDependencyError("pyarrow", None, purpose) from None  # noqa: EM101
     return pa
+
+
+def load_arrow() -> None:
+    """Import pyarrow (persistent indexes call this when they open)."""
+    _pa()
 
 
 def write_atomic(path: Path, write: Callable[[str], None]) -> None:
