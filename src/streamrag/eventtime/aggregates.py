@@ -7,9 +7,9 @@ how to start one (``create``), fold an element in (``add``), combine two
 results into the running state) and read the answer out (``result``). This is
 Beam's ``CombineFn`` and Flink's ``AggregateFunction``.
 
-Aggregators may also offer ``add_grouped``: given a column of values and the
-group each belongs to, return one partial accumulator per group, computed with
-numpy. The window operator uses it to fold a whole micro-batch at once.
+Numeric aggregators are also :class:`Columnar`: their accumulator is a few
+float64 columns, so the window operator can keep window state in numpy arrays
+and fold a whole micro-batch at once (:mod:`.columnar`).
 
 Accumulators must be plain data (numbers, strings, lists) so that window state
 can be written into a checkpoint.
@@ -104,6 +104,8 @@ class Count:
 
     name = "count"
     needs_value = False
+    identity = (0.0,)
+    ufunc = np.add
 
     def create(self) -> int:
         return 0
@@ -116,14 +118,6 @@ class Count:
 
     def result(self, acc: int) -> int:
         return acc
-
-    def add_grouped(
-        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
-    ) -> list[int]:
-        return np.bincount(groups, minlength=n_groups).tolist()  # type: ignore[no-any-return]
-
-    identity = (0.0,)
-    ufunc = np.add
 
     def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
         return np.bincount(groups, minlength=n_groups).astype(np.float64)[:, None]
@@ -143,6 +137,8 @@ class Sum:
 
     name = "sum"
     needs_value = True
+    identity = (0.0,)
+    ufunc = np.add
 
     def create(self) -> float:
         return 0.0
@@ -155,16 +151,6 @@ class Sum:
 
     def result(self, acc: float) -> float:
         return acc
-
-    def add_grouped(
-        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
-    ) -> list[float]:
-        assert values is not None
-        weights = values.astype(np.float64)
-        return np.bincount(groups, weights=weights, minlength=n_groups).tolist()  # type: ignore[no-any-return]
-
-    identity = (0.0,)
-    ufunc = np.add
 
     def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
         assert values is not None
@@ -186,6 +172,8 @@ class Min:
 
     name = "min"
     needs_value = True
+    identity = (math.inf,)
+    ufunc = np.minimum
 
     def create(self) -> float:
         return math.inf
@@ -198,17 +186,6 @@ class Min:
 
     def result(self, acc: float) -> float:
         return acc
-
-    def add_grouped(
-        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
-    ) -> list[float]:
-        assert values is not None
-        out = np.full(n_groups, np.inf)
-        np.minimum.at(out, groups, values.astype(np.float64))
-        return out.tolist()  # type: ignore[no-any-return,unused-ignore]
-
-    identity = (math.inf,)
-    ufunc = np.minimum
 
     def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
         assert values is not None
@@ -231,6 +208,8 @@ class Max:
 
     name = "max"
     needs_value = True
+    identity = (-math.inf,)
+    ufunc = np.maximum
 
     def create(self) -> float:
         return -math.inf
@@ -243,17 +222,6 @@ class Max:
 
     def result(self, acc: float) -> float:
         return acc
-
-    def add_grouped(
-        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
-    ) -> list[float]:
-        assert values is not None
-        out = np.full(n_groups, -np.inf)
-        np.maximum.at(out, groups, values.astype(np.float64))
-        return out.tolist()  # type: ignore[no-any-return,unused-ignore]
-
-    identity = (-math.inf,)
-    ufunc = np.maximum
 
     def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
         assert values is not None
@@ -276,6 +244,8 @@ class Mean:
 
     name = "mean"
     needs_value = True
+    identity = (0.0, 0.0)
+    ufunc = np.add
 
     def create(self) -> list[float]:
         return [0.0, 0]
@@ -288,17 +258,6 @@ class Mean:
 
     def result(self, acc: list[float]) -> float:
         return acc[0] / acc[1] if acc[1] else math.nan
-
-    def add_grouped(
-        self, values: npt.NDArray[Any] | None, groups: npt.NDArray[np.intp], n_groups: int
-    ) -> list[list[float]]:
-        assert values is not None
-        sums = np.bincount(groups, weights=values.astype(np.float64), minlength=n_groups)
-        counts = np.bincount(groups, minlength=n_groups)
-        return [[s, c] for s, c in zip(sums.tolist(), counts.tolist(), strict=True)]
-
-    identity = (0.0, 0.0)
-    ufunc = np.add
 
     def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
         assert values is not None

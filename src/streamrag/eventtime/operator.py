@@ -157,12 +157,8 @@ class WindowedAggregation:
         self._expire_heap: list[Timestamp] = []
         self._next_early: Timestamp | None = None
         self._open = 0
-        self._vectorized = (
-            isinstance(assigner, Sliding)
-            and not assigner.merging
-            and hasattr(aggregator, "add_grouped")
-        )
-        # Numeric aggregations over sliding windows keep their state in columns.
+        # Numeric aggregations over sliding windows keep their state in columns;
+        # ``_vectorized`` switches that off (tests compare both layouts).
         self._columns: ColumnarWindows | None = None
         if isinstance(assigner, Sliding) and hasattr(aggregator, "ufunc"):
             self._columns = ColumnarWindows(
@@ -170,6 +166,7 @@ class WindowedAggregation:
                 aggregator,  # type: ignore[arg-type]
                 allowed_lateness_us,
             )
+        self._vectorized = self._columns is not None
 
     def _columnar(self) -> ColumnarWindows | None:
         """The column store, when this operator uses it (tests may turn it off)."""
@@ -217,10 +214,7 @@ class WindowedAggregation:
         if cols is not None:
             return self._process_in_columns(cols, keys, times, values)
         dirty: dict[tuple[Hashable, Window], None] = {}
-        if self._vectorized:
-            late = self._process_columns(keys, times, values, dirty)
-        else:
-            late = self._process_rows(keys, times, values, dirty)
+        late = self._process_rows(keys, times, values, dirty)
         fired = []
         for key, window in dirty:
             st = self._state.get(key, {}).get(window)
@@ -359,83 +353,6 @@ class WindowedAggregation:
         self._open += 1
         self._schedule(key, merged)
         return merged
-
-    def _process_columns(
-        self,
-        keys: Sequence[Hashable],
-        times: Sequence[int] | npt.NDArray[np.int64],
-        values: Sequence[Any] | npt.NDArray[Any] | None,
-        dirty: dict[tuple[Hashable, Window], None],
-    ) -> list[LateElement]:
-        """The same as :meth:`_process_rows` for sliding windows, with numpy over the batch."""
-        assigner = self.assigner
-        assert isinstance(assigner, Sliding)
-        size, slide, lateness = assigner.size_us, assigner.slide_us, self.allowed_lateness_us
-        wm = self._watermark
-        t = np.asarray(times, dtype=np.int64)
-        last = assigner.last_starts(t)
-        # An element is late only if its latest window has expired: the others end sooner.
-        late_mask = last + size - 1 + lateness <= wm
-        steps = np.arange(assigner.windows_per_element, dtype=np.int64) * slide
-        starts = last[:, None] - steps[None, :]
-        ends = starts + size
-        valid = (ends > t[:, None]) & (ends - 1 + lateness > wm)
-        rows, cols = np.nonzero(valid)
-        win_starts = starts[rows, cols]
-
-        if isinstance(keys, np.ndarray) and keys.dtype != object:
-            uniq, codes = np.unique(keys, return_inverse=True)
-            key_list: list[Hashable] = uniq.tolist()
-        else:
-            table: dict[Hashable, int] = {}
-            code_list = [table.setdefault(k, len(table)) for k in keys]
-            codes = np.asarray(code_list, dtype=np.int64)
-            key_list = list(table)
-        row_codes = codes[rows]
-        order = np.lexsort((win_starts, row_codes))
-        s_codes, s_starts = row_codes[order], win_starts[order]
-        change = np.ones(len(order), dtype=bool)
-        change[1:] = (s_codes[1:] != s_codes[:-1]) | (s_starts[1:] != s_starts[:-1])
-        group_sorted = np.cumsum(change) - 1
-        groups = np.empty(len(order), dtype=np.intp)
-        groups[order] = group_sorted
-        n_groups = int(change.sum())
-        column = None
-        if getattr(self.aggregator, "needs_value", True):
-            if values is None:
-                msg = f"aggregation {self.aggregator.name!r} needs values; pass values="
-                raise ValueError(msg)
-            column = np.asarray(values)[rows]
-        partials = self.aggregator.add_grouped(column, groups, n_groups)  # type: ignore[attr-defined]
-
-        agg = self.aggregator
-        state = self._state
-        firsts = np.nonzero(change)[0]
-        for g, (code, start) in enumerate(
-            zip(s_codes[firsts].tolist(), s_starts[firsts].tolist(), strict=True)
-        ):
-            key = key_list[code]
-            window = Window(start, start + size)
-            windows = state.get(key)
-            if windows is None:
-                windows = state[key] = {}
-            st = windows.get(window)
-            if st is None:
-                windows[window] = _State(partials[g])
-                self._open += 1
-                self._schedule(key, window)
-            else:
-                st.acc = agg.merge(st.acc, partials[g])
-                st.fresh = st.filled = True
-            if start + size - 1 <= wm:  # behind W: re-fires at the end of the batch
-                dirty[(key, window)] = None
-
-        late = []
-        if late_mask.any():
-            for i in np.nonzero(late_mask)[0].tolist():
-                value = None if values is None else values[i]
-                late.append(LateElement(i, keys[i], int(t[i]), value, wm))
-        return late
 
     # -- time ------------------------------------------------------------------
 
