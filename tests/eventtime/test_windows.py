@@ -12,7 +12,9 @@ from streamrag.eventtime import (
     Accumulation,
     Collect,
     Count,
+    Max,
     Mean,
+    Min,
     Session,
     Sliding,
     Sum,
@@ -250,13 +252,20 @@ def test_early_firing_in_discarding_mode_does_not_emit_empty_on_time() -> None:
     ("agg", "values", "expected"),
     [
         (Sum(), [1.5, 2.5, 4.0], 8.0),
+        (Min(), [3.0, 1.5, 2.0], 1.5),
+        (Max(), [3.0, 1.5, 2.0], 3.0),
         (Mean(), [1.0, 2.0, 6.0], 3.0),
         (Collect(), ["x", "y", "z"], ["x", "y", "z"]),
     ],
 )
-def test_aggregations_fold_values(agg: Any, values: list[Any], expected: Any) -> None:
+@pytest.mark.parametrize("columnar", [True, False])
+def test_aggregations_fold_values(
+    agg: Any, values: list[Any], expected: Any, columnar: bool
+) -> None:
     op = WindowedAggregation(Tumbling(10), agg)
-    op.process(["k"] * 3, [1, 2, 3], values)
+    op._vectorized = op._vectorized and columnar
+    op.process(["k"] * 2, [1, 2], values[:2])
+    op.process(["k"], [3], values[2:])  # two batches: partial results are combined
     [r] = op.advance(9)
     assert r.value == expected
 

@@ -167,76 +167,56 @@ class Sum:
         return (float(acc),)
 
 
-class Min:
+class _Extreme:
+    """The smallest or largest numeric value: ``ufunc`` says which."""
+
+    name = ""
+    needs_value = True
+    identity: tuple[float, ...] = ()
+    ufunc: np.ufunc = np.minimum
+
+    def create(self) -> float:
+        return self.identity[0]
+
+    def add(self, acc: float, value: Any) -> float:
+        return float(self.ufunc(acc, float(value)))
+
+    def merge(self, a: float, b: float) -> float:
+        return float(self.ufunc(a, b))
+
+    def result(self, acc: float) -> float:
+        return acc
+
+    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
+        assert values is not None
+        out = np.full(n_groups, self.identity[0])
+        self.ufunc.at(out, groups, values)
+        return out[:, None]
+
+    def results(self, state: F64) -> list[Any]:
+        return state[:, 0].tolist()  # type: ignore[no-any-return]
+
+    def to_acc(self, row: F64) -> Any:
+        return float(row[0])
+
+    def from_acc(self, acc: Any) -> tuple[float, ...]:
+        return (float(acc),)
+
+
+class Min(_Extreme):
     """The smallest numeric value."""
 
     name = "min"
-    needs_value = True
     identity = (math.inf,)
     ufunc = np.minimum
 
-    def create(self) -> float:
-        return math.inf
 
-    def add(self, acc: float, value: Any) -> float:
-        return min(acc, float(value))
-
-    def merge(self, a: float, b: float) -> float:
-        return min(a, b)
-
-    def result(self, acc: float) -> float:
-        return acc
-
-    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
-        assert values is not None
-        out = np.full(n_groups, np.inf)
-        np.minimum.at(out, groups, values)
-        return out[:, None]
-
-    def results(self, state: F64) -> list[Any]:
-        return state[:, 0].tolist()  # type: ignore[no-any-return]
-
-    def to_acc(self, row: F64) -> Any:
-        return float(row[0])
-
-    def from_acc(self, acc: Any) -> tuple[float, ...]:
-        return (float(acc),)
-
-
-class Max:
+class Max(_Extreme):
     """The largest numeric value."""
 
     name = "max"
-    needs_value = True
     identity = (-math.inf,)
     ufunc = np.maximum
-
-    def create(self) -> float:
-        return -math.inf
-
-    def add(self, acc: float, value: Any) -> float:
-        return max(acc, float(value))
-
-    def merge(self, a: float, b: float) -> float:
-        return max(a, b)
-
-    def result(self, acc: float) -> float:
-        return acc
-
-    def grouped(self, values: F64 | None, groups: npt.NDArray[np.intp], n_groups: int) -> F64:
-        assert values is not None
-        out = np.full(n_groups, -np.inf)
-        np.maximum.at(out, groups, values)
-        return out[:, None]
-
-    def results(self, state: F64) -> list[Any]:
-        return state[:, 0].tolist()  # type: ignore[no-any-return]
-
-    def to_acc(self, row: F64) -> Any:
-        return float(row[0])
-
-    def from_acc(self, acc: Any) -> tuple[float, ...]:
-        return (float(acc),)
 
 
 class Mean:
