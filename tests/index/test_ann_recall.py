@@ -89,6 +89,19 @@ def test_ann_recall_against_exact(ann: AnnSpec, floor: float) -> None:
         assert hits / total >= floor, (flt, hits / total)
 
 
+def _with_vectors(batch: CommitBatch, vectors: np.ndarray) -> CommitBatch:
+    """The same commit, carrying the given vectors."""
+    return CommitBatch(
+        batch.docs,
+        batch.chunk_ids,
+        batch.positions,
+        batch.texts,
+        batch.hashes,
+        vectors,
+        batch.embedder_version,
+    )
+
+
 def test_structures_are_calibrated_to_the_recall_target_or_dropped() -> None:
     """Unstructured vectors: the graph must search wider, or the segment is scanned exactly."""
     from streamrag.index.ann import HnswAnn, build_ann, recall_at_10
@@ -112,17 +125,7 @@ def test_structures_are_calibrated_to_the_recall_target_or_dropped() -> None:
     index = LsmIndex(128, spec)
     changes = [Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(2048)]
     batch = make_batch(changes, 128)
-    index.commit(
-        CommitBatch(
-            batch.docs,
-            batch.chunk_ids,
-            batch.positions,
-            batch.texts,
-            batch.hashes,
-            data[:2048].copy(),
-            batch.embedder_version,
-        )
-    )
+    index.commit(_with_vectors(batch, data[:2048].copy()))
     index.seal_all()
     while index.maintain():
         pass
@@ -151,17 +154,7 @@ def test_recall_is_rechecked_on_live_queries() -> None:
     common = {"seal_rows": 4096, "compaction": CompactionSpec(fanout=8, seal_rows=4096)}
     index = LsmIndex(DIM, LsmSpec(ann=ann, **common), background=False)  # type: ignore[arg-type]
     batch = make_batch([Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(3000)], DIM)
-    index.commit(
-        CommitBatch(
-            batch.docs,
-            batch.chunk_ids,
-            batch.positions,
-            batch.texts,
-            batch.hashes,
-            data.copy(),
-            batch.embedder_version,
-        )
-    )
+    index.commit(_with_vectors(batch, data.copy()))
     index.seal_all()
     while index.maintain():
         pass

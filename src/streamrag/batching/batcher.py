@@ -359,9 +359,10 @@ class MicroBatcher:
         with self._lock:
             start = 0
             pieces = []
-            for key, n, arrived in pending.segments or (((), len(pending.changes), 0),):
+            whole = (((), len(pending.changes), pending.first_arrival_us),)
+            for key, n, arrived in pending.segments or whole:
                 stop = start + n
-                pieces.append((key, start, stop, arrived or pending.first_arrival_us))
+                pieces.append((key, start, stop, arrived))
                 start = stop
             n = len(pending.changes)
             all_weights = (

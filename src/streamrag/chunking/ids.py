@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["chunk_id", "content_hash"]
+__all__ = ["chunk_id", "chunk_id_text", "content_hash"]
 
 
 def chunk_id(tenant: str, doc_id: str, position: int) -> int:
     """A signed 64-bit id for the chunk at ``position`` of a document."""
     key = f"{tenant}\x1f{doc_id}\x1f{position}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little", signed=True)
+
+
+def chunk_id_text(cid: int) -> str:
+    """A chunk id as clients see it: 16 hex digits of its unsigned 64 bits.
+
+    >>> chunk_id_text(-1)
+    'ffffffffffffffff'
+    """
+    return f"{cid & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def content_hash(text: str) -> bytes:

@@ -40,6 +40,10 @@ class ColumnarWindows:
         self.agg = aggregator
         self.lateness = allowed_lateness_us
         self.identity = np.asarray(aggregator.identity, dtype=np.float64)
+        self._reset()
+
+    def _reset(self) -> None:
+        """No keys and no windows."""
         self.keys: list[Hashable] = []
         self.key_reprs: list[str] = []
         self.key_codes: dict[Hashable, int] = {}
@@ -50,7 +54,7 @@ class ColumnarWindows:
         cap = 64
         self.code = np.zeros(cap, dtype=np.int64)
         self.start = np.zeros(cap, dtype=np.int64)
-        self.acc = np.tile(self.identity, (cap, 1))
+        self.acc: F64 = np.tile(self.identity, (cap, 1))
         self.panes = np.zeros(cap, dtype=np.int64)
         self.alive = np.zeros(cap, dtype=bool)
         self.fired = np.zeros(cap, dtype=bool)
@@ -218,7 +222,7 @@ class ColumnarWindows:
 
     def load(self, rows: Sequence[Sequence[Any]], hashable: Callable[[Any], Hashable]) -> None:
         """Replace the state with checkpoint rows."""
-        self.__init__(self.assigner, self.agg, self.lateness)  # type: ignore[misc]
+        self._reset()
         if not rows:
             return
         slots = self._allocate(len(rows))

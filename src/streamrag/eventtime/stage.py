@@ -183,11 +183,10 @@ class EventTimeStage:
             rows = None
             if w.value is not None:
                 values = field_column(changes, w.value)
-                if w.operator.aggregator.name != "collect":
-                    rows, values = _numbers(values)
-                    for i in sorted(set(range(len(keys))) - set(rows)):
-                        reason = f"window {w.name!r} needs a number in {w.value}, found none"
-                        out.invalid.append((w.name, i + offset, reason))
+                if hasattr(w.operator.aggregator, "ufunc"):  # a numeric aggregation
+                    rows, refused, values = _numbers(values)
+                    reason = f"window {w.name!r} needs a number in {w.value}, found none"
+                    out.invalid.extend((w.name, i + offset, reason) for i in refused)
                     keys = [keys[i] for i in rows]
                     times = times[rows]
             fired, late = w.operator.process(keys, times, values)
@@ -291,11 +290,11 @@ def _moved(el: LateElement, index: int) -> LateElement:
     return LateElement(index, el.key, el.event_time, el.value, el.watermark)
 
 
-def _numbers(values: list[Any]) -> tuple[list[int], npt.NDArray[np.float64]]:
-    """The rows holding a number (bools excluded) and those numbers as float64."""
-    rows = [
-        i
-        for i, v in enumerate(values)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    ]
-    return rows, np.asarray([values[i] for i in rows], dtype=np.float64)
+def _numbers(values: list[Any]) -> tuple[list[int], list[int], npt.NDArray[np.float64]]:
+    """The rows holding a finite number (bools excluded), the other rows, and the numbers."""
+    rows: list[int] = []
+    refused: list[int] = []
+    for i, v in enumerate(values):
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        (rows if ok else refused).append(i)
+    return rows, refused, np.asarray([values[i] for i in rows], dtype=np.float64)

@@ -98,6 +98,11 @@ class WatermarkTracker:
             w.observe(max_event_time)
             self._last_data_us[partition] = self.clock.now_us()
 
+    @property
+    def partitions(self) -> int:
+        """Inputs seen so far, idle or not."""
+        return len(self._inputs)
+
     def active(self) -> list[str]:
         """Inputs that are not idle now."""
         if self.idle_timeout_us is None:

@@ -18,12 +18,14 @@ chosen by measurement on a 2-core host at 100k × 384 clustered vectors:
 **Which segments get one.** An exact scan is never wrong and, below
 ``min_rows`` (32k rows), cheap: measured here, one query over 8k / 32k / 131k
 rows of 384 floats takes 0.19 / 1.5 / 6.1 ms (0.08 / 0.35 / 1.5 ms per query in
-batches of 32), small beside the ~20 ms it takes to embed the query with MiniLM.
+batches of 32), small beside embedding the query with MiniLM (p50 19.6 ms with
+torch on one thread, as measured for this kind of host).
 
 **Measured recall, per segment.** How well a graph or a quantizer works depends
-on the data: on MiniLM embeddings HNSW at ef 64 finds 97–99 % of the true top
-10, but on vectors with little structure (the hashing embedder's, say) the same
-graph finds only 68–84 % whatever ef (measured on 16k rows). So every structure
+on the data: on clustered vectors hnswlib at ef 64 finds 97–99.6 % of the true
+top 10 (100k and 1M rows, as measured for this kind of host), but on vectors
+with little structure — the hashing embedder's, queried with short keyword
+queries — a graph over 16k rows found only 68–84 % at ef 64–256 (measured here). So every structure
 is checked after it is built (:func:`calibrate`): leave-one-out recall@10 on a
 sample of the segment's own rows, raising ef (HNSW) or nprobe (IVF-PQ) until it
 reaches ``target_recall``. A structure that cannot is dropped and the segment is

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamrag.chunking import chunk_id_text
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder
 from streamrag.eventtime import WindowResult
@@ -69,7 +70,7 @@ def index_digest(index: VectorIndex) -> list[dict[str, Any]]:
                 "tenant": hit.tenant,
                 "doc_id": hit.doc_id,
                 "position": hit.position,
-                "chunk_id": f"{hit.chunk_id & (2**64 - 1):016x}",
+                "chunk_id": chunk_id_text(hit.chunk_id),
                 "event_time": format_timestamp(hit.event_time),
                 "domain": hit.domain,
                 "text": hit.text,

@@ -153,7 +153,7 @@ class Service:
                 "watermark": _time(wm),
                 "lag_s": None if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP) else (now - wm) / US_PER_S,
                 "max_event_time": _time(tracker.max_seen()),
-                "partitions": len(tracker.snapshot()["inputs"]),
+                "partitions": tracker.partitions,
                 "active_partitions": len(tracker.active()),
                 "mode": self.pipeline.event_time.mode.value,
                 "windows": {

@@ -19,6 +19,7 @@ import msgspec
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from streamrag.chunking import chunk_id_text
 from streamrag.errors import QueryError
 from streamrag.index.base import Hit, MetaPredicate, SearchFilter
 from streamrag.serve.batcher import QueryBatcher
@@ -126,7 +127,7 @@ def _predicates(
 
 def _chunk(h: Hit) -> dict[str, object]:
     return {
-        "chunk_id": f"{h.chunk_id & 0xFFFFFFFFFFFFFFFF:016x}",
+        "chunk_id": chunk_id_text(h.chunk_id),
         "doc_id": h.doc_id,
         "tenant": h.tenant,
         "domain": h.domain,
