@@ -54,6 +54,7 @@ def test_run_once_replays_a_bounded_input(tmp_path: Path) -> None:
     assert '"applied": 3' in result.output
     assert '"live_docs": 1' in result.output
     assert '"deleted_docs": 1' in result.output
+    assert '"watermark": "end"' in result.output  # a bounded replay ends with W = +inf
 
 
 def test_query_without_a_server_says_how_to_start_one() -> None:

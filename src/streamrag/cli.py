@@ -218,11 +218,9 @@ def run(
     def go() -> None:
         settings = _settings(config, sets, host, port)
         if once:
-            from streamrag.runtime.service import Service
+            from streamrag.runtime.replay import replay
 
-            service = Service(settings)
-            service.pipeline.run_until_caught_up(final=True)
-            service.pipeline.close()
+            service = replay(settings).service
             summary = service.status()
             service.stop()  # close the index: a final checkpoint when it persists
             out.print_json(json.dumps(summary))
