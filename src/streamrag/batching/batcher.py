@@ -24,9 +24,10 @@ Sizes are counted in chunks (a delete counts as one) and in tokens, because the
 pipeline chunks a change before it is queued.
 
 The batcher is bounded: :attr:`MicroBatcher.full` turns true at
-``max_pending`` chunks and the pipeline stops reading its sources until it
-clears, which is how a slow embedder pushes back on the sources. It is safe to
-use from one thread that adds and another that takes.
+``max_pending`` chunks or ``max_pending_bytes`` bytes of text, and the
+pipeline stops reading its sources until it clears, which is how a slow
+embedder pushes back on the sources. It is safe to use from one thread that
+adds and another that takes.
 
 >>> from streamrag.changes import Change, Op
 >>> from streamrag.testing import ManualClock
@@ -78,6 +79,40 @@ class PendingBatch:
     """(partition, rows, arrival) of each queued piece, in order: for :meth:`put_back`."""
     row_chunks: npt.NDArray[np.int64] | None = None
     row_tokens: npt.NDArray[np.int64] | None = None
+    row_bytes: npt.NDArray[np.int64] | None = None
+
+    @classmethod
+    def merge(cls, batches: Sequence[PendingBatch]) -> PendingBatch:
+        """Several taken batches as one (for a commit that groups micro-batches)."""
+        if len(batches) == 1:
+            return batches[0]
+
+        def rows(attr: str) -> npt.NDArray[np.int64] | None:
+            cols = [getattr(b, attr) for b in batches]
+            if any(c is None for c in cols):
+                return None
+            return np.concatenate(cols)
+
+        return cls(
+            ChangeBatch.concat([b.changes for b in batches]),
+            min(b.first_arrival_us for b in batches),
+            [
+                p
+                for b in batches
+                for p in (b.prepared or [None] * len(b.changes))  # keep rows aligned
+            ],
+            sum(b.chunks for b in batches),
+            sum(b.tokens for b in batches),
+            batches[0].reason,
+            tuple(
+                s
+                for b in batches
+                for s in (b.segments or (((), len(b.changes), b.first_arrival_us),))
+            ),
+            rows("row_chunks"),
+            rows("row_tokens"),
+            rows("row_bytes"),
+        )
 
 
 @dataclass(slots=True)
@@ -87,6 +122,7 @@ class _Segment:
     weights: npt.NDArray[np.int64]
     tokens: npt.NDArray[np.int64]
     arrived_us: Timestamp
+    sizes: npt.NDArray[np.int64]
 
     def split(self, n: int) -> tuple[_Segment, _Segment]:
         head = _Segment(
@@ -95,6 +131,7 @@ class _Segment:
             self.weights[:n],
             self.tokens[:n],
             self.arrived_us,
+            self.sizes[:n],
         )
         tail = _Segment(
             self.changes.slice(n, len(self.changes)),
@@ -102,6 +139,7 @@ class _Segment:
             self.weights[n:],
             self.tokens[n:],
             self.arrived_us,
+            self.sizes[n:],
         )
         return head, tail
 
@@ -124,6 +162,7 @@ class MicroBatcher:
         clock: Clock,
         max_batch_tokens: int | None = None,
         max_pending: int | None = None,
+        max_pending_bytes: int | None = None,
         partition: PartitionKey | None = None,
         controller: AdaptiveController | None = None,
         tick_us: Duration | None = None,
@@ -138,6 +177,7 @@ class MicroBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_delay_us = max_delay_ms * US_PER_MS
         self.max_pending = max_pending or max_batch_size
+        self.max_pending_bytes = max_pending_bytes
         self.partition = partition
         self.controller = controller
         self.tick_us = tick_us
@@ -145,6 +185,7 @@ class MicroBatcher:
         self._queues: dict[Hashable, _Queue] = {}
         self._pending = 0
         self._pending_chunks = 0  # kept as a counter: other threads read it
+        self._pending_bytes = 0
         self._watermark: Timestamp = MIN_TIMESTAMP
         self._lock = threading.Lock()
 
@@ -168,14 +209,34 @@ class MicroBatcher:
         return self._pending_chunks
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes of text waiting to be flushed."""
+        return self._pending_bytes
+
+    def positions(self) -> dict[str, list[int]]:
+        """Source and offset of every waiting change: what a checkpoint must replay."""
+        out: dict[str, list[int]] = {}
+        with self._lock:
+            for q in self._queues.values():
+                for seg in q.segments:
+                    ch = seg.changes
+                    for src, off in zip(ch.sources, ch.offsets.tolist(), strict=True):
+                        out.setdefault(src, []).append(off)
+        for offsets in out.values():
+            offsets.sort()
+        return out
+
+    @property
     def partitions(self) -> int:
         """Partitions with changes waiting."""
         return len(self._queues)
 
     @property
     def full(self) -> bool:
-        """True when ``max_pending`` chunks are waiting: sources should pause."""
-        return self.pending_chunks >= self.max_pending
+        """True when ``max_pending`` chunks (or ``max_pending_bytes``) wait: sources pause."""
+        if self.max_pending_bytes is not None and self._pending_bytes >= self.max_pending_bytes:
+            return True
+        return self._pending_chunks >= self.max_pending
 
     def set_watermark(self, watermark: Timestamp) -> None:
         """Tell the batcher how far event time has progressed (closes date buckets)."""
@@ -191,11 +252,13 @@ class MicroBatcher:
         prepared: Sequence[Any] | None = None,
         chunks: Sequence[int] | npt.NDArray[np.int64] | None = None,
         tokens: Sequence[int] | npt.NDArray[np.int64] | None = None,
+        sizes: Sequence[int] | npt.NDArray[np.int64] | None = None,
     ) -> None:
         """Queue changes that arrived at ``arrived_us`` (default: now).
 
         ``prepared`` is carried along, one item per change (the pipeline passes
-        each change's chunks); ``chunks`` and ``tokens`` are their sizes.
+        each change's chunks); ``chunks``, ``tokens`` and ``sizes`` (bytes) are
+        their sizes. Without ``sizes`` a change weighs the length of its text.
         """
         n = len(changes)
         if n == 0:
@@ -205,6 +268,9 @@ class MicroBatcher:
         prep = list(prepared) if prepared is not None else [None] * n
         weights = np.maximum(np.asarray(chunks if chunks is not None else [1] * n), 1)
         toks = np.asarray(tokens if tokens is not None else [0] * n, dtype=np.int64)
+        if sizes is None:
+            sizes = [len(p.get("text") or "") for p in changes.payloads]
+        nbytes = np.asarray(sizes, dtype=np.int64)
         if self.partition is None:
             groups: dict[Hashable, list[int]] = {(): list(range(n))}
         else:
@@ -214,7 +280,7 @@ class MicroBatcher:
         with self._lock:
             for key, rows in groups.items():
                 if len(rows) == n:
-                    seg = _Segment(changes, prep, weights.astype(np.int64), toks, arrived)
+                    seg = _Segment(changes, prep, weights.astype(np.int64), toks, arrived, nbytes)
                 else:
                     seg = _Segment(
                         changes.take(rows),
@@ -222,6 +288,7 @@ class MicroBatcher:
                         weights[rows].astype(np.int64),
                         toks[rows],
                         arrived,
+                        nbytes[rows],
                     )
                 q = self._queues.get(key)
                 if q is None:
@@ -231,6 +298,7 @@ class MicroBatcher:
                 q.chunks += added
                 self._pending_chunks += added
                 q.tokens += int(seg.tokens.sum())
+                self._pending_bytes += int(seg.sizes.sum())
             self._pending += n
 
     # -- deciding --------------------------------------------------------------
@@ -330,6 +398,7 @@ class MicroBatcher:
                 q.chunks -= c
                 self._pending_chunks -= c
                 q.tokens -= t
+                self._pending_bytes -= int(seg.sizes.sum())
                 chunks += c
                 tokens += t
                 taken.append(seg)
@@ -350,6 +419,7 @@ class MicroBatcher:
             tuple(meta),
             np.concatenate([s.weights for s in taken]) if taken else None,
             np.concatenate([s.tokens for s in taken]) if taken else None,
+            np.concatenate([s.sizes for s in taken]) if taken else None,
         )
 
     def put_back(self, pending: PendingBatch) -> None:
@@ -373,11 +443,14 @@ class MicroBatcher:
                 if pending.row_tokens is not None
                 else np.zeros(n, dtype=np.int64)
             )
+            all_sizes = (
+                pending.row_bytes if pending.row_bytes is not None else np.zeros(n, dtype=np.int64)
+            )
             for key, lo, hi, arrived in reversed(pieces):
                 prep = pending.prepared[lo:hi] or [None] * (hi - lo)
                 changes = pending.changes.slice(lo, hi)
                 weights, toks = all_weights[lo:hi], all_tokens[lo:hi]
-                seg = _Segment(changes, prep, weights, toks, arrived)
+                seg = _Segment(changes, prep, weights, toks, arrived, all_sizes[lo:hi])
                 q = self._queues.get(key)
                 if q is None:
                     q = self._queues[key] = _Queue()
@@ -385,4 +458,5 @@ class MicroBatcher:
                 q.chunks += int(weights.sum())
                 self._pending_chunks += int(weights.sum())
                 q.tokens += int(toks.sum())
+                self._pending_bytes += int(seg.sizes.sum())
             self._pending += len(pending.changes)

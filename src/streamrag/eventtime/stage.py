@@ -144,6 +144,10 @@ class EventTimeStage:
             w.name: OrderedDict() for w in windows
         }
         self._latest_lock = threading.Lock()
+        # Bumped whenever a window's state may have changed: a checkpoint writes
+        # only the windows whose version moved since the last one (incremental).
+        self.versions: dict[str, int] = {w.name: 0 for w in windows}
+        self._advanced_to: Timestamp | None = None
 
     def results(self, name: str) -> list[WindowResult]:
         """The latest result of each recent window of one aggregation, oldest first.
@@ -190,6 +194,7 @@ class EventTimeStage:
                     keys = [keys[i] for i in rows]
                     times = times[rows]
             fired, late = w.operator.process(keys, times, values)
+            self.versions[w.name] += 1
             self._emit(w, fired, out)
             for el in late:
                 self.late_counts[w.name] += 1
@@ -227,7 +232,10 @@ class EventTimeStage:
         if self._on_tick():
             self._advance(out)
         for w in self.windows:
-            self._emit(w, w.operator.on_processing_time(now_us), out)
+            fired = w.operator.on_processing_time(now_us)
+            if fired:
+                self.versions[w.name] += 1
+            self._emit(w, fired, out)
         return out
 
     def finish(self) -> StageOutput:
@@ -239,7 +247,11 @@ class EventTimeStage:
 
     def _advance(self, out: StageOutput) -> None:
         wm = self.tracker.advance()
+        moved = wm != self._advanced_to
+        self._advanced_to = wm
         for w in self.windows:
+            if moved:  # windows may fire or be purged
+                self.versions[w.name] += 1
             self._emit(w, w.operator.advance(wm), out)
 
     def _emit(self, w: NamedWindow, results: list[WindowResult], out: StageOutput) -> None:

@@ -43,6 +43,7 @@ __all__ = [
     "SearchFilter",
     "VectorIndex",
     "check_queries",
+    "merge_cursor",
 ]
 
 
@@ -78,6 +79,31 @@ class CommitBatch:
     hashes: list[bytes]
     vectors: npt.NDArray[np.float32]
     embedder_version: str = ""
+    cursor: Mapping[str, Any] | None = None
+    """Where the stream stands once this batch is in (see :func:`merge_cursor`).
+
+    Written in the same log record as the batch, so the index and the stream
+    position it reflects are durable together or not at all.
+    """
+
+
+def merge_cursor(
+    held: Mapping[str, Any] | None, update: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The cursor after a commit: ``update``'s keys replace those held, others stay.
+
+    The pipeline writes every key that changed with each commit and leaves out
+    the large ones that did not (a window whose state is unchanged), so a commit
+    log stays small while the latest value of every key is always recoverable.
+
+    >>> merge_cursor({"positions": {"a": 1}, "w": [1]}, {"positions": {"a": 9}})
+    {'positions': {'a': 9}, 'w': [1]}
+    """
+    if update is None:
+        return None if held is None else dict(held)
+    merged = dict(held or {})
+    merged.update(update)
+    return merged
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +254,11 @@ class VectorIndex(Protocol):
     @property
     def epoch(self) -> int:
         """The latest committed epoch (0 before the first commit)."""
+        ...
+
+    @property
+    def cursor(self) -> dict[str, Any] | None:
+        """The stream position committed with the latest epoch (None before any)."""
         ...
 
     def doc_state(self, tenant: str, doc_id: str) -> DocState | None:

@@ -36,6 +36,7 @@ from streamrag.index.base import (
     IndexStats,
     SearchFilter,
     check_queries,
+    merge_cursor,
 )
 from streamrag.timing import Clock, SystemClock, Timestamp
 
@@ -138,6 +139,7 @@ class ExactIndex:
         self._tenant_codes: dict[str, int] = {}
         self._domain_codes: dict[str, int] = {}
         self._doc_codes: dict[str, int] = {}
+        self._cursor: dict[str, Any] | None = None
         self._snapshot = self._publish(0)
 
     # -- reading ---------------------------------------------------------------
@@ -151,6 +153,11 @@ class ExactIndex:
     def epoch(self) -> int:
         """The latest committed epoch."""
         return self._snapshot.epoch
+
+    @property
+    def cursor(self) -> dict[str, Any] | None:
+        """The stream position committed with the latest epoch (kept in memory only)."""
+        return self._cursor
 
     def pin(self) -> Snapshot:
         """The latest committed snapshot; hold it to read one epoch repeatedly."""
@@ -277,6 +284,7 @@ class ExactIndex:
         self._live_chunks += len(keep)
         if self._rows > 1024 and self._live_chunks <= self._rows // 2:
             self._compact()
+        self._cursor = merge_cursor(self._cursor, batch.cursor)
         self._snapshot = self._publish(epoch)
         return CommitResult(epoch, applied, stale, len(keep))
 

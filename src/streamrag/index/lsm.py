@@ -57,6 +57,7 @@ from streamrag.index.base import (
     IndexStats,
     SearchFilter,
     check_queries,
+    merge_cursor,
 )
 from streamrag.index.compaction import CompactionSpec, droppable, plan
 from streamrag.index.manifest import Manifest
@@ -64,9 +65,11 @@ from streamrag.index.search import SearchTuning, View, search_segments
 from streamrag.index.segment import NEVER, Rows, Segment
 from streamrag.index.store import (
     load_arrow,
+    read_cursor,
     read_manifest,
     read_rows,
     read_table,
+    write_cursor,
     write_manifest,
     write_rows,
     write_table,
@@ -177,6 +180,7 @@ class LsmIndex:
         self._compactions = 0
         self._last_compaction_us: Timestamp | None = None
         self._checkpoint_epoch: int | None = None
+        self._cursor: dict[str, Any] | None = None  # the stream position of the latest epoch
         self._dirty = 0  # commits since the last checkpoint
         self._needs_checkpoint = False
         self._failed_ann: set[int] = set()
@@ -226,6 +230,11 @@ class LsmIndex:
     def epoch(self) -> int:
         """The latest committed epoch."""
         return self._manifest.epoch
+
+    @property
+    def cursor(self) -> dict[str, Any] | None:
+        """The stream position committed with the latest epoch (None before any)."""
+        return self._cursor
 
     @property
     def spec(self) -> LsmSpec:
@@ -323,6 +332,7 @@ class LsmIndex:
             if self._wal is not None:
                 self._wal.append(epoch, now, batch)
             result = self._apply(batch, epoch, now)
+            self._cursor = merge_cursor(self._cursor, batch.cursor)
             self._dirty += 1
             due = self._dirty >= self._spec.checkpoint_every and self._path is not None
         if due or self._wants_ann():
@@ -822,6 +832,7 @@ class LsmIndex:
                 if wal.current is None or wal.current.name != f"wal-{epoch + 1:012d}.log":
                     wal.start(epoch + 1)
                 deletes = list(self._deletes)
+                cursor = self._cursor
                 epoch_high = self._epoch_high[: epoch + 1].copy()
                 meta: dict[str, Any] = {
                     "epoch": epoch,
@@ -893,6 +904,11 @@ class LsmIndex:
                 write_table(path / fname, columns)
                 meta[name] = fname
                 keep.add(fname)
+            if cursor is not None:
+                cname = f"cursor-{epoch:012d}.msgpack"
+                write_cursor(path / cname, cursor)
+                meta["cursor"] = cname
+                keep.add(cname)
             mname = f"manifest-{epoch:012d}.json"
             write_manifest(path / mname, {**meta, "segments": segments})
             keep.add(mname)
@@ -923,6 +939,7 @@ class LsmIndex:
                 )
                 raise IndexStoreError(msg)
             self._apply(rec.batch, rec.epoch, rec.committed_at_us)
+            self._cursor = merge_cursor(self._cursor, rec.batch.cursor)
             replayed += 1
         self._dirty = replayed
         self._wal.start(self._manifest.epoch + 1)
@@ -997,6 +1014,8 @@ class LsmIndex:
         self._compactions = body["compactions"]
         self._last_compaction_us = body["last_compaction_us"]
         self._checkpoint_epoch = body["epoch"]
+        if body.get("cursor"):
+            self._cursor = read_cursor(path / body["cursor"])
         self._rebuild_docs()
         self._manifest = self._make_manifest(
             body["epoch"], body["parent"], body["committed_at_us"], body["restored_from"]

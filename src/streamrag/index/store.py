@@ -212,6 +212,31 @@ def write_manifest(path: Path, body: dict[str, Any]) -> None:
     write_atomic(path, write)
 
 
+def write_cursor(path: Path, cursor: dict[str, Any]) -> None:
+    """Write the stream cursor a checkpoint covers (msgpack), atomically."""
+    import msgspec
+
+    data = msgspec.msgpack.encode(cursor)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+
+    write_atomic(path, write)
+
+
+def read_cursor(path: Path) -> dict[str, Any]:
+    """Read a checkpoint's stream cursor."""
+    import msgspec
+
+    try:
+        body: dict[str, Any] = msgspec.msgpack.decode(path.read_bytes())
+    except (OSError, msgspec.DecodeError) as exc:
+        msg = f"cannot read the stream cursor {path}: {exc}"
+        raise IndexStoreError(msg) from exc
+    return body
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """Read a checkpoint manifest."""
     try:

@@ -1,10 +1,11 @@
 """The write-ahead log: every commit since the last checkpoint, durable before it is visible.
 
-A commit appends one record — the micro-batch as it arrived, with its epoch and
-commit time — and fsyncs it before the new epoch is published. Replaying the
-records after the last checkpoint through the same commit logic rebuilds the
-growing segments and every tombstone exactly, so the log is all the growing
-segments need to survive a crash.
+A commit appends one record — the micro-batch as it arrived, with its epoch,
+commit time and the stream cursor it advances to — and fsyncs it before the new
+epoch is published. Replaying the records after the last checkpoint through the
+same commit logic rebuilds the growing segments and every tombstone exactly, so
+the log is all the growing segments need to survive a crash — and the last
+record's cursor says where the stream resumes.
 
 A record is framed as ``length (u32) | crc32 (u32) | payload (msgpack)``. A
 crash in the middle of an append leaves a torn last record: its length runs
@@ -87,6 +88,7 @@ def encode_record(epoch: int, committed_at_us: int, batch: CommitBatch) -> bytes
             "vec": np.ascontiguousarray(batch.vectors, dtype=np.float32).tobytes(),
             "dim": int(batch.vectors.shape[1]) if batch.vectors.ndim == 2 else 0,
             "emb": batch.embedder_version,
+            "cur": dict(batch.cursor) if batch.cursor is not None else None,
         }
     )
     return _HEADER.pack(len(payload), zlib.crc32(payload)) + payload
@@ -109,6 +111,7 @@ def decode_payload(payload: bytes) -> WalRecord:
         hashes=list(obj["hashes"]),
         vectors=vectors.reshape(-1, dim).copy() if dim else np.zeros((0, 0), np.float32),
         embedder_version=obj["emb"],
+        cursor=obj.get("cur"),
     )
     return WalRecord(obj["e"], obj["t"], batch)
 

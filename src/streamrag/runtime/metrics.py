@@ -108,6 +108,16 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.embed_retries = Counter(
+            "streamrag_embed_retries_total",
+            "Embedder calls repeated after a failure (retries and bisection).",
+            registry=r,
+        )
+        self.backpressure = Gauge(
+            "streamrag_backpressure",
+            "1 while the batcher is full and sources are paused, else 0.",
+            registry=r,
+        )
         self.query_seconds = Histogram(
             "streamrag_query_seconds",
             "Time to answer a retrieval batch.",

@@ -19,6 +19,19 @@ sleeps and never reads the wall clock itself: time comes from the injected
 :class:`~streamrag.timing.Clock`, so tests drive it with a
 :class:`~streamrag.testing.ManualClock`.
 
+**Exactly once.** Every commit carries a *cursor* in the same log record as its
+documents (see :meth:`Pipeline._capture`): the read position of every source
+partition, the source offsets of the changes still waiting in the batcher, the
+counts, the watermarks and the window state (only windows whose state changed).
+A pipeline built with that cursor (``cursor=index.cursor``) rewinds each
+partition to its oldest waiting change and reads forward. Below the committed
+read position it takes again only the changes that were waiting — straight to
+the batcher, since the windows and counts already hold them — and skips the
+rest, which are committed or dead-lettered; from there on it reads as usual.
+Versions are ``(event_time, offset)`` and chunk ids are derived from the
+document, so a change committed twice is found stale the second time: the index
+ends as if there had been no crash.
+
 Accounting (invariant 4, nothing lost): every record read is either applied
 (committed, or found stale by last-writer-wins), dead-lettered with its reason,
 or not yet committed — ``ingested == applied + dead_lettered + uncommitted``.
@@ -32,25 +45,31 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey, PendingBatch
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import TokenSplitter, chunk_id, content_hash
-from streamrag.embed.base import Embedder, check_vectors
+from streamrag.embed.base import Embedder
+from streamrag.embed.resilient import RetryPolicy, embed_resilient
 from streamrag.errors import EmbedderError, StreamragError
 from streamrag.eventtime import EventTimeStage, StageOutput, WatermarkTracker, WindowResult
 from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
 from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
 from streamrag.runtime.metrics import Metrics
-from streamrag.sources.base import Source
+from streamrag.sources.base import RawBatch, Source
 from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Duration, Timestamp
 
-__all__ = ["CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
+__all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
+
+CURSOR_FORMAT = 1
+"""Version of the cursor layout written with each commit."""
 
 log = logging.getLogger("streamrag.pipeline")
 
@@ -83,6 +102,12 @@ class PipelineStats:
     window_results: int = 0
     window_late: int = 0
     window_invalid: int = 0
+    embed_retries: int = 0
+    poison: int = 0
+    replayed: int = 0
+    """Waiting changes read again after a restart (counted once, when first read)."""
+    skipped: int = 0
+    """Records read again after a restart that were already committed or refused."""
 
 
 class Pipeline:
@@ -103,6 +128,7 @@ class Pipeline:
         max_read_bytes: int = 1 << 20,
         max_batch_tokens: int | None = None,
         max_pending: int | None = None,
+        max_pending_bytes: int | None = None,
         partition: PartitionKey | None = None,
         controller: AdaptiveController | None = None,
         tick_us: Duration | None = None,
@@ -113,6 +139,10 @@ class Pipeline:
         on_window: Sequence[WindowHook] = (),
         resume: Mapping[str, int] | None = None,
         event_time_state: Mapping[str, Any] | None = None,
+        cursor: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        commit_interval_ms: int = 0,
     ) -> None:
         if embedder.dim != index.dim:
             msg = (
@@ -120,6 +150,9 @@ class Pipeline:
                 f"{index.dim}; build the index with dim={embedder.dim}"
             )
             raise StreamragError(msg)
+        self._guard: dict[str, tuple[int, frozenset[int]]] = {}
+        if cursor is not None:
+            resume = self._rewind(cursor)
         self.reader = source.build(resume)
         self.embedder = embedder
         self.index = index
@@ -133,6 +166,7 @@ class Pipeline:
             clock=clock,
             max_batch_tokens=max_batch_tokens,
             max_pending=max_pending,
+            max_pending_bytes=max_pending_bytes,
             partition=partition,
             controller=controller,
             tick_us=tick_us,
@@ -146,10 +180,111 @@ class Pipeline:
         self.on_commit = list(on_commit)
         self.on_window = list(on_window)
         self.stats = PipelineStats()
+        self.retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self.commit_interval_us = commit_interval_ms * 1000
+        self._last_commit_at: Timestamp | None = None
         self._in_flight = 0
         self._drained = False
         self._idle_poll_us: Timestamp = 0
         self._stats_lock = threading.Lock()
+        # The gate lets the committer see the reader's state between two polls.
+        self._gate = threading.Condition()
+        self._polling = False
+        self._capturing = False
+        self._positions: dict[str, int] = dict(resume or {})
+        self._window_versions: dict[str, int] = {}
+        self.paused_polls = 0  # polls skipped because the batcher was full
+        if cursor is not None:
+            self._restore(cursor)
+
+    # -- the cursor: what a commit says about the stream -------------------------
+
+    def _rewind(self, cursor: Mapping[str, Any]) -> dict[str, int]:
+        """Where to start reading after a restart, and which records to take again."""
+        if cursor.get("format") != CURSOR_FORMAT:
+            msg = (
+                f"the index holds a stream cursor of format {cursor.get('format')!r}; this "
+                f"streamrag writes format {CURSOR_FORMAT}: upgrade streamrag, or delete the "
+                "state directory and replay the input"
+            )
+            raise StreamragError(msg)
+        positions: dict[str, int] = dict(cursor["positions"])
+        waiting: dict[str, list[int]] = dict(cursor.get("pending") or {})
+        resume = dict(positions)
+        for part, offsets in waiting.items():
+            if offsets:
+                resume[part] = min(resume.get(part, offsets[0]), offsets[0])
+                self._guard[part] = (positions.get(part, 0), frozenset(offsets))
+        return resume
+
+    def _restore(self, cursor: Mapping[str, Any]) -> None:
+        """Counts, watermarks and windows as they were at the committed cursor."""
+        self._positions = dict(cursor["positions"])
+        for k, v in (cursor.get("stats") or {}).items():
+            if hasattr(self.stats, k):
+                setattr(self.stats, k, v)
+        state: dict[str, Any] = {
+            "watermarks": cursor["watermarks"],
+            "late": cursor.get("late", {}),
+            "windows": {},
+        }
+        for w in self.event_time.windows:
+            saved = cursor.get(f"window:{w.name}")
+            if saved is not None:
+                state["windows"][w.name] = saved
+        self.event_time.restore(state)
+        self._window_versions = dict(self.event_time.versions)
+
+    def _capture(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """The cursor for the commit being made, taken between two polls.
+
+        Read positions, the offsets of changes still waiting in the batcher
+        (the batch being committed has left it), counts, watermarks, and the
+        state of each window that changed since the last commit. Returns it with
+        the window versions it covers.
+        """
+        with self._gate:
+            self._capturing = True
+            while self._polling:
+                self._gate.wait()
+        try:
+            positions = self.reader.snapshot()
+            for part, off in positions.items():
+                if off < self._positions.get(part, 0) and part not in self._guard:
+                    msg = (
+                        f"source partition {part} moved back from offset "
+                        f"{self._positions[part]} to {off}; offsets only move forward"
+                    )
+                    raise StreamragError(msg)
+            waiting = self.batcher.positions()
+            for part, (read_to, offsets) in self._guard.items():
+                # A restart's waiting records not read again yet: still waiting.
+                at = positions.get(part, 0)
+                positions[part] = max(at, read_to)
+                rest = [o for o in offsets if o >= at]
+                if rest:
+                    waiting[part] = sorted({*waiting.get(part, []), *rest})
+            et = self.event_time
+            cursor: dict[str, Any] = {
+                "format": CURSOR_FORMAT,
+                "positions": positions,
+                "pending": waiting,
+                "watermarks": et.tracker.snapshot(),
+                "late": dict(et.late_counts),
+                "stats": {},
+            }
+            versions = dict(et.versions)
+            for w in et.windows:
+                if versions[w.name] != self._window_versions.get(w.name):
+                    cursor[f"window:{w.name}"] = w.operator.snapshot()
+            with self._stats_lock:
+                cursor["stats"] = asdict(self.stats)
+        finally:
+            with self._gate:
+                self._capturing = False
+                self._gate.notify_all()
+        return cursor, versions
 
     def checkpoint(self) -> dict[str, Any]:
         """Source positions and event-time state together, at a point where both agree.
@@ -158,7 +293,7 @@ class Pipeline:
         say where to resume reading and the event-time state (watermark,
         per-input maxima, every window) is exactly what those records produced;
         pass them back as ``resume`` and ``event_time_state`` to continue.
-        Plain data, so it can be written with the commit it belongs to.
+        (Every commit also writes a full cursor with the index; see the module doc.)
         """
         if self.uncommitted:
             msg = (
@@ -186,10 +321,25 @@ class Pipeline:
 
         Returns the number of records read.
         """
+        with self._gate:
+            while self._capturing:
+                self._gate.wait()
+            self._polling = True
+        try:
+            return self._poll(final)
+        finally:
+            with self._gate:
+                self._polling = False
+                self._gate.notify_all()
+
+    def _poll(self, final: bool) -> int:
         now = self.clock.now_us()
         self._windows(self.event_time.on_processing_time(now), None)
         if self.batcher.full:
+            self.paused_polls += 1
+            self.metrics.backpressure.set(1)
             return 0
+        self.metrics.backpressure.set(0)
         # Data found now landed after the last poll that found nothing: the
         # deadline counts from then, so max_delay_ms bounds the time from the
         # write, not from our read (which is up to a poll interval later).
@@ -200,6 +350,8 @@ class Pipeline:
             self._drained = True
             self._idle_poll_us = now
             return 0
+        if self._guard:
+            raws = self._sift(raws, idle_since)
         n = sum(len(r) for r in raws)
         changes, letters = self.decoder.decode(raws)
         with self._stats_lock:
@@ -208,17 +360,63 @@ class Pipeline:
         self._dead_letter(letters)
         if len(changes):
             self._windows(self.event_time.process(changes), changes)
-            changes, prepared, letters = self._prepare(changes)
-            self._dead_letter(letters)
-            self.batcher.add(
-                changes,
-                arrived_us=idle_since,
-                prepared=prepared,
-                chunks=[len(p.chunks) if p else 1 for p in prepared],
-                tokens=[p.tokens if p else 0 for p in prepared],
-            )
+            self._queue(changes, idle_since)
         self.metrics.pending.set(self.batcher.pending)
-        return n
+        return max(n, 1)
+
+    def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> None:
+        changes, prepared, letters = self._prepare(changes)
+        self._dead_letter(letters)
+        self.batcher.add(
+            changes,
+            arrived_us=arrived_us,
+            prepared=prepared,
+            chunks=[len(p.chunks) if p else 1 for p in prepared],
+            tokens=[p.tokens if p else 0 for p in prepared],
+        )
+
+    def _sift(self, raws: list[RawBatch], arrived_us: Timestamp | None) -> list[RawBatch]:
+        """After a restart: below the committed read position, take only waiting records.
+
+        Those go straight to the batcher — the windows and the counts already
+        hold them. The rest were committed or refused before the restart and are
+        skipped. Returns what lies past the committed position, to read as usual.
+        """
+        fresh: list[RawBatch] = []
+        again: list[RawBatch] = []
+        skipped = 0
+        for raw in raws:
+            guard = self._guard.get(raw.source)
+            if guard is None:
+                fresh.append(raw)
+                continue
+            read_to, waiting = guard
+            keep_l, keep_o, new_l, new_o = [], [], [], []
+            for line, off in zip(raw.lines, raw.offsets, strict=True):
+                if off >= read_to:
+                    new_l.append(line)
+                    new_o.append(off)
+                elif off in waiting:
+                    keep_l.append(line)
+                    keep_o.append(off)
+                else:
+                    skipped += 1
+            if keep_l:
+                again.append(RawBatch(raw.source, keep_l, keep_o, raw.end_offset))
+            if new_l:
+                fresh.append(RawBatch(raw.source, new_l, new_o, raw.end_offset))
+            if raw.end_offset >= read_to:
+                del self._guard[raw.source]
+        if again:
+            changes, letters = self.decoder.decode(again)
+            self._dead_letter(letters)
+            with self._stats_lock:
+                self.stats.replayed += len(changes)
+            if len(changes):
+                self._queue(changes, arrived_us)
+        with self._stats_lock:
+            self.stats.skipped += skipped
+        return fresh
 
     def finish_event_time(self) -> int:
         """End of a bounded input: the watermark goes to +inf and every window fires."""
@@ -290,16 +488,40 @@ class Pipeline:
         return changes, prepared, letters
 
     def flush(self, *, force: bool = False) -> int:
-        """Commit every batch that is due (every pending one if ``force``). Returns commits."""
+        """Commit every batch that is due (every pending one if ``force``). Returns commits.
+
+        With ``commit_interval_ms``, due batches wait until that long after the
+        previous commit (or until the batcher is full) and are then committed
+        together, as one epoch.
+        """
         done = 0
         batcher = self.batcher
         while batcher.pending and (force or batcher.due()):
+            if not force and self._interval_left() > 0 and not batcher.full:
+                break
             # Count the batch as in flight before it leaves the batcher, so that
             # another thread never sees it in neither place.
             self._in_flight = min(batcher.pending, batcher.max_batch_size)
-            self._commit(batcher.take())
+            taken = [batcher.take()]
+            if self.commit_interval_us:
+                while batcher.pending and (force or batcher.due()):
+                    self._in_flight += min(batcher.pending, batcher.max_batch_size)
+                    taken.append(batcher.take())
+            self._commit(PendingBatch.merge(taken))
             done += 1
         return done
+
+    def _interval_left(self) -> int:
+        if not self.commit_interval_us or self._last_commit_at is None:
+            return 0
+        return max(0, self._last_commit_at + self.commit_interval_us - self.clock.now_us())
+
+    def wait_us(self) -> Timestamp | None:
+        """Processing time until a commit is due (0 if one is), or None with nothing waiting."""
+        wait = self.batcher.wait_us()
+        if wait is None:
+            return None
+        return max(wait, self._interval_left())
 
     def run_until_caught_up(self, *, final: bool = True) -> None:
         """Read the source to its current end and commit everything (a bounded replay)."""
@@ -370,6 +592,7 @@ class Pipeline:
         stale = len(changes) - len(winners)
 
         docs: list[DocOp] = []
+        doc_rows: list[int] = []  # the change behind each DocOp
         ids: list[int] = []
         positions: list[int] = []
         texts: list[str] = []
@@ -387,6 +610,7 @@ class Pipeline:
                 continue
             payload = changes.payloads[i]
             domain = str(payload.get("domain", ""))
+            doc_rows.append(i)
             if ops[i] == Op.DELETE:
                 docs.append(
                     DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], changes.sources[i])
@@ -427,31 +651,37 @@ class Pipeline:
             )
 
         vectors = np.empty((len(texts), index.dim), dtype=np.float32)
+        poisoned: dict[int, str] = {}  # slot → why the embedder refused it
         if embed_slots:
-            # Measured on the injected clock, so a test's synthetic embedder can set it.
-            started = self.clock.now_us()
-            try:
-                out = self.embedder.embed_many([texts[s] for s in embed_slots])
-                vectors[embed_slots] = check_vectors(
-                    out, len(embed_slots), index.dim, type(self.embedder).__name__
-                )
-            except Exception as exc:
-                if isinstance(exc, EmbedderError):
-                    raise
-                msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
-                raise EmbedderError(msg) from exc
-            took = max(0, self.clock.now_us() - started) / US_PER_S
-            self.metrics.embed_seconds.observe(took)
-            controller = self.batcher.controller
-            if controller is not None:
-                action = controller.observe(
-                    len(embed_slots), took, queued=self.batcher.pending_chunks
-                )
-                self.metrics.batch_decisions.labels(action=action).inc()
-                self.metrics.batch_target.set(controller.target)
+            poisoned = self._embed(texts, embed_slots, vectors)
         if reuse_slots:
             vectors[reuse_slots] = index.vectors_at(reuse_rows)
+        letters: list[DeadLetter] = []
+        if poisoned:
+            docs, ids, positions, texts, hashes, vectors, dropped = _without_poison(
+                docs, ids, positions, texts, hashes, vectors, poisoned
+            )
+            for d_index, reason in dropped.items():
+                row = doc_rows[d_index]
+                letters.append(_letter(changes, row, "embed", reason))
+        embedded = len(embed_slots) - len(poisoned)
 
+        cursor, versions = self._capture()
+        applied = len(changes) - len(letters)
+        # The counts as they will be once this commit is in, written with it.
+        counts = cursor["stats"]
+        counts["applied"] += applied
+        counts["stale"] += stale
+        counts["dead_lettered"] += len(letters)
+        counts["poison"] += len(letters)
+        counts["chunks_embedded"] += embedded
+        counts["chunks_reused"] += len(reuse_slots)
+        counts["commits"] += 1
+        if letters:
+            # Before the commit: a crash in between leaves a letter for a change
+            # that is still waiting; it is refused again on replay and the store
+            # keeps one copy.
+            self.dead_letters.add_many(letters, self.clock.now_us())
         batch = CommitBatch(
             docs=docs,
             chunk_ids=np.asarray(ids, dtype=np.int64),
@@ -460,26 +690,36 @@ class Pipeline:
             hashes=hashes,
             vectors=vectors,
             embedder_version=self.embedder.version,
+            cursor=cursor,
         )
         result = index.commit(batch)
+        self._window_versions = versions
+        self._positions = cursor["positions"]
         now = self.clock.now_us()
+        self._last_commit_at = now
         st = self.stats
-        applied = len(changes)
         stale += result.stale_docs
         with self._stats_lock:
             st.applied += applied
             st.stale += stale
-            st.chunks_embedded += len(embed_slots)
+            st.dead_lettered += len(letters)
+            st.poison += len(letters)
+            st.chunks_embedded += embedded
             st.chunks_reused += len(reuse_slots)
             st.commits += 1
             st.last_commit_us = now
             st.last_freshness_us = now - pending.first_arrival_us
         m = self.metrics
+        for letter in letters:
+            m.dead_letters.labels(stage=letter.stage).inc()
+            log.warning(
+                "dead-lettered %s@%d (embed): %s", letter.source, letter.offset, letter.reason
+            )
         m.batch_chunks.observe(pending.chunks)
         m.batch_reasons.labels(reason=pending.reason).inc()
         m.applied.inc(applied)
         m.stale.inc(stale)
-        m.chunks_embedded.inc(len(embed_slots))
+        m.chunks_embedded.inc(embedded)
         m.chunks_reused.inc(len(reuse_slots))
         m.commits.inc()
         m.freshness.observe(st.last_freshness_us / US_PER_S)
@@ -489,6 +729,45 @@ class Pipeline:
         m.live_docs.set(stats.live_docs)
         m.pending.set(self.batcher.pending)
         return batch, result
+
+    def _embed(
+        self, texts: list[str], slots: list[int], vectors: npt.NDArray[np.float32]
+    ) -> dict[int, str]:
+        """Embed the texts at ``slots`` into ``vectors``, in batches the controller sizes.
+
+        Failures are retried and bisected (:func:`embed_resilient`); returns the
+        slots whose text the embedder refuses on its own, with the reason.
+        """
+        controller = self.batcher.controller
+        step = max(1, self.batcher.target_size) if self.commit_interval_us else len(slots)
+        poisoned: dict[int, str] = {}
+        for lo in range(0, len(slots), step):
+            part = slots[lo : lo + step]
+            # Measured on the injected clock, so a test's synthetic embedder can set it.
+            started = self.clock.now_us()
+            try:
+                out = embed_resilient(
+                    self.embedder, [texts[s] for s in part], self.retry, sleep=self._sleep
+                )
+            except EmbedderError:
+                raise
+            except Exception as exc:
+                msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
+                raise EmbedderError(msg) from exc
+            vectors[part] = out.vectors
+            for j, reason in out.failed.items():
+                poisoned[part[j]] = reason
+            if out.retries or out.failed:
+                with self._stats_lock:
+                    self.stats.embed_retries += out.calls - 1
+                self.metrics.embed_retries.inc(out.calls - 1)
+            took = max(0, self.clock.now_us() - started) / US_PER_S
+            self.metrics.embed_seconds.observe(took)
+            if controller is not None and not out.failed and out.calls == 1:
+                action = controller.observe(len(part), took, queued=self.batcher.pending_chunks)
+                self.metrics.batch_decisions.labels(action=action).inc()
+                self.metrics.batch_target.set(controller.target)
+        return poisoned
 
     def _dead_letter(self, letters: list[DeadLetter]) -> None:
         if not letters:
@@ -505,6 +784,48 @@ class Pipeline:
                 letter.stage,
                 letter.reason,
             )
+
+
+def _without_poison(
+    docs: list[DocOp],
+    ids: list[int],
+    positions: list[int],
+    texts: list[str],
+    hashes: list[bytes],
+    vectors: npt.NDArray[np.float32],
+    poisoned: Mapping[int, str],
+) -> tuple[
+    list[DocOp],
+    list[int],
+    list[int],
+    list[str],
+    list[bytes],
+    npt.NDArray[np.float32],
+    dict[int, str],
+]:
+    """The commit without the documents that own a refused chunk (none half-written)."""
+    dropped: dict[int, str] = {}
+    keep_docs: list[DocOp] = []
+    keep_rows: list[int] = []
+    for k, d in enumerate(docs):
+        rows = range(d.first_chunk, d.first_chunk + d.n_chunks) if d.op == Op.UPSERT else ()
+        bad = [poisoned[r] for r in rows if r in poisoned]
+        if bad:
+            dropped[k] = f"the embedder refuses chunk text of this document: {bad[0]}"
+            continue
+        if d.op == Op.UPSERT:
+            d = replace(d, first_chunk=len(keep_rows))
+            keep_rows.extend(rows)
+        keep_docs.append(d)
+    return (
+        keep_docs,
+        [ids[r] for r in keep_rows],
+        [positions[r] for r in keep_rows],
+        [texts[r] for r in keep_rows],
+        [hashes[r] for r in keep_rows],
+        vectors[keep_rows],
+        dropped,
+    )
 
 
 def _letter(changes: ChangeBatch, row: int, stage: str, reason: str) -> DeadLetter:
