@@ -116,6 +116,18 @@ class BatcherSettings(_Frozen):
         description="Chunks waiting before sources pause (backpressure); "
         "default: 4 x max_batch_size.",
     )
+    max_pending_bytes: int = Field(
+        64 << 20,
+        gt=0,
+        description="Bytes of text waiting before sources pause (backpressure), so memory "
+        "stays bounded whatever the document sizes.",
+    )
+    commit_interval_ms: int = Field(
+        0,
+        ge=0,
+        description="Group the micro-batches due within this long into one commit (one "
+        "epoch, one checkpoint); 0 commits each micro-batch. Freshness grows by up to this.",
+    )
     partition_key: list[str] = Field(
         default_factory=lambda: ["tenant", "domain", "date"],
         min_length=1,
@@ -149,6 +161,17 @@ class EmbedderSettings(_Frozen):
         description="'minilm', 'hashing', or an import path such as 'mypkg.emb:MyEmbedder'.",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+    attempts: int = Field(
+        3, ge=1, description="Tries per batch before it is split to isolate a bad text."
+    )
+    backoff_ms: float = Field(50.0, ge=0, description="Wait before the first retry; doubles.")
+    max_backoff_ms: float = Field(2000.0, ge=0, description="Longest wait between retries.")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="Longest one embed call may take before it counts as failed (none: no "
+        "limit; set it for remote embedders).",
+    )
 
 
 class IndexSettings(_Frozen):
@@ -323,6 +346,11 @@ class Settings(_Frozen):
     def dead_letter_path(self) -> Path:
         """The dead-letter file, defaulting into ``state_dir``."""
         return self.ingest.dead_letter_path or self.state_dir / "deadletter.jsonl"
+
+    @property
+    def replay_dir(self) -> Path:
+        """Where ``streamrag deadletter replay`` writes records to re-inject; always read."""
+        return self.state_dir / "replay"
 
 
 def load_settings(

@@ -125,7 +125,7 @@ class PipelineRunner:
             did = self._guarded(lambda: pipeline.flush() > 0, backoff)
             if did or did is None:
                 continue
-            wait_us = pipeline.batcher.wait_us()
+            wait_us = pipeline.wait_us()
             timeout = self.poll_interval_s * 10 if wait_us is None else wait_us / 1e6
             self._queued.wait(timeout)
             self._queued.clear()
@@ -139,7 +139,7 @@ class PipelineRunner:
             did = self._guarded(pipeline.step, backoff)
             if did or did is None:
                 continue
-            wait_us = pipeline.batcher.wait_us()
+            wait_us = pipeline.wait_us()
             timeout = self.poll_interval_s
             if wait_us is not None:
                 timeout = min(timeout, wait_us / 1e6)

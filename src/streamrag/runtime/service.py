@@ -18,6 +18,7 @@ from streamrag.batching import AdaptiveController, PartitionKey
 from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, build_embedder, check_vectors
+from streamrag.embed.resilient import RetryPolicy
 from streamrag.eventtime import (
     AGGREGATORS,
     Accumulation,
@@ -37,6 +38,7 @@ from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import Pipeline
 from streamrag.sources.base import Source
 from streamrag.sources.files import JsonlSource
+from streamrag.sources.multi import MultiSource
 from streamrag.timing import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
@@ -73,18 +75,25 @@ class Service:
         self.metrics.watch_index(getattr(self.index, "health", None))
         ingest = settings.ingest
         batcher = settings.batcher
-        src = source or JsonlSource(
-            settings.source.path,
-            glob=settings.source.glob,
-            max_line_bytes=ingest.max_document_bytes + 1,
+        line_cap = ingest.max_document_bytes + 1
+        src = source or MultiSource(
+            [
+                JsonlSource(
+                    settings.source.path, glob=settings.source.glob, max_line_bytes=line_cap
+                ),
+                JsonlSource(settings.replay_dir, max_line_bytes=line_cap),
+            ]
         )
+        # Where the last commit left the stream: a restart resumes exactly there.
+        cursor = self.index.cursor
+        self.resumed_from = self.index.epoch if cursor is not None else None
+        emb = settings.embedder
         self.pipeline = Pipeline(
             source=src,
             embedder=self.embedder,
             index=self.index,
-            # The input is read from its start on every start (changes the index
-            # already holds are found stale), so the dead-letter file starts empty too.
-            dead_letters=DeadLetterStore(settings.dead_letter_path, truncate=True),
+            # Kept across restarts; a record refused again on a replay is stored once.
+            dead_letters=DeadLetterStore(settings.dead_letter_path),
             clock=self.clock,
             splitter=_splitter(settings, self.embedder),
             decoder=Decoder(
@@ -94,6 +103,15 @@ class Service:
             max_delay_ms=batcher.max_delay_ms,
             max_batch_tokens=batcher.max_batch_tokens,
             max_pending=batcher.max_pending or 4 * batcher.max_batch_size,
+            max_pending_bytes=batcher.max_pending_bytes,
+            commit_interval_ms=batcher.commit_interval_ms,
+            retry=RetryPolicy(
+                attempts=emb.attempts,
+                backoff_s=emb.backoff_ms / 1000,
+                max_backoff_s=emb.max_backoff_ms / 1000,
+                timeout_s=emb.timeout_s,
+            ),
+            cursor=cursor,
             partition=PartitionKey(
                 tuple(batcher.partition_key), batcher.date_bucket_ms * US_PER_MS
             ),
@@ -171,6 +189,26 @@ class Service:
                 "partitions": batcher.partitions,
                 "full": batcher.full,
             },
+            "queues": {
+                "batcher": {
+                    "changes": batcher.pending,
+                    "chunks": batcher.pending_chunks,
+                    "bytes": batcher.pending_bytes,
+                    "max_chunks": batcher.max_pending,
+                    "max_bytes": batcher.max_pending_bytes,
+                },
+                "embedding": self.pipeline.uncommitted - batcher.pending,
+                "source_backlog_bytes": backlog,
+            },
+            "backpressure": {
+                "on": batcher.full,
+                "paused_polls": self.pipeline.paused_polls,
+            },
+            "recovery": {
+                "resumed_from_epoch": self.resumed_from,
+                "replayed": st.replayed,
+                "skipped": st.skipped,
+            },
             "counts": {
                 "ingested": st.ingested,
                 "applied": st.applied,
@@ -183,6 +221,8 @@ class Service:
                 "window_results": st.window_results,
                 "window_late": st.window_late,
                 "window_invalid": st.window_invalid,
+                "poison": st.poison,
+                "embed_retries": st.embed_retries,
             },
             "index": {
                 "live_docs": idx.live_docs,

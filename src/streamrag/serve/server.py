@@ -3,7 +3,8 @@
 uvicorn handles the signals: on the first one it stops accepting requests,
 finishes those in flight and runs the app's shutdown, which stops the query
 worker; :func:`serve_forever` then stops the service, committing what is
-pending, before it returns.
+pending, before it returns. A signal during that last step exits at once
+(:mod:`streamrag.runtime.signals`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import uvicorn
 
 from streamrag.errors import ConfigError
 from streamrag.runtime.service import Service
+from streamrag.runtime.signals import graceful_stop
 from streamrag.serve.app import create_app
 
 __all__ = ["check_port", "serve_forever"]
@@ -52,7 +54,8 @@ def serve_forever(service: Service, *, host: str, port: int, log_level: str = "w
         pass  # uvicorn has finished its graceful shutdown; ours follows
     finally:
         signal.signal(signal.SIGTERM, previous)
-        service.stop()
+        with graceful_stop():
+            service.stop()
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:

@@ -35,6 +35,11 @@ class JsonlSource:
     glob: str = "*.jsonl"
     max_line_bytes: int = 1_000_001
 
+    def owns(self, partition: str) -> bool:
+        """Whether a partition name (a file path) belongs to this source."""
+        path = Path(self.path)
+        return partition == str(path) or Path(partition).parent == path
+
     def build(self, resume: Mapping[str, int] | None = None) -> JsonlSourceReader:
         """Open a reader at ``resume`` (file name → byte offset), or at the start."""
         return JsonlSourceReader(self, dict(resume or {}))
