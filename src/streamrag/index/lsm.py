@@ -1067,6 +1067,13 @@ class LsmIndex:
                 self.checkpoint()
                 self._wal.close()
 
+    def abandon(self) -> None:
+        """Stop and release files without a checkpoint: what a crash leaves (for tests)."""
+        self._halt()
+        with self._lock:
+            if self._wal is not None:
+                self._wal.close()
+
     # -- observability -------------------------------------------------------------
 
     def health(self) -> IndexHealth:

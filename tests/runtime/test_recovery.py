@@ -1,0 +1,261 @@
+"""Recovery from the committed cursor: a restart ends exactly as an uninterrupted run.
+
+A "crash" here abandons a pipeline without closing anything: what it committed
+is in the index's fsynced log, what it read but did not commit is lost with it.
+The next pipeline opens the same index and resumes from ``index.cursor``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamrag.chunking import TokenSplitter
+from streamrag.config import Settings
+from streamrag.errors import StreamragError
+from streamrag.eventtime import WindowResult
+from streamrag.index import LsmIndex, LsmSpec
+from streamrag.ingest import DeadLetterStore
+from streamrag.runtime import Pipeline
+from streamrag.runtime.replay import index_digest, window_finals
+from streamrag.runtime.service import build_event_time
+from streamrag.sources import JsonlSource
+from streamrag.testing import FakeEmbedder, ManualClock, change_line
+
+HOUR_US = 3_600_000_000
+T0 = 1_704_067_200  # 2024-01-01T00:00:00Z, in seconds
+
+SETTINGS = Settings.model_validate(
+    {
+        "event_time": {
+            "max_out_of_orderness_ms": 600_000,
+            "idle_timeout_ms": None,
+            "windows": [
+                {
+                    "name": "per_domain",
+                    "kind": "tumbling",
+                    "size_ms": 3_600_000,
+                    "key": ["domain"],
+                    "aggregate": "count",
+                }
+            ],
+        }
+    }
+)
+
+
+def _corpus(seed: int, n: int = 400) -> list[str]:
+    """Upserts, updates, deletes and malformed lines, mildly out of order."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n):
+        t = T0 + i * 30 - rng.randrange(0, 300)  # out of order within 5 minutes
+        doc = f"doc{rng.randrange(60)}"
+        domain = rng.choice(["ops", "hr", "it"])
+        roll = rng.random()
+        if roll < 0.05:
+            lines.append('{"doc_id": "broken", "event_time": ')  # malformed
+        elif roll < 0.15:
+            lines.append(change_line(doc, t, op="delete", domain=domain))
+        else:
+            words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(12))
+            lines.append(change_line(doc, t, f"{doc} v{i} {words}", domain=domain))
+    return lines
+
+
+class Job:
+    """One process' worth of pipeline over a state directory."""
+
+    opened: list[LsmIndex] = []
+
+    def __init__(self, state: Path, data: Path, clock: ManualClock, **kwargs: Any) -> None:
+        self.index = LsmIndex(
+            64, LsmSpec(bucket_us=24 * HOUR_US), path=state / "index", clock=clock
+        )
+        Job.opened.append(self.index)
+        self.results: list[tuple[str, WindowResult]] = []
+        kwargs.setdefault("max_batch_size", 8)
+        kwargs.setdefault("max_delay_ms", 50)
+        self.pipeline = Pipeline(
+            source=JsonlSource(data),
+            embedder=FakeEmbedder(),
+            index=self.index,
+            dead_letters=DeadLetterStore(state / "dead.jsonl"),
+            clock=clock,
+            splitter=TokenSplitter(max_tokens=8, overlap_tokens=2),
+            event_time=build_event_time(SETTINGS, clock),
+            on_window=[lambda name, r: self.results.append((name, r))],
+            cursor=self.index.cursor,
+            max_read_bytes=2048,
+            **kwargs,
+        )
+
+    def crash(self) -> None:
+        """Leave as a killed process would: no flush, no checkpoint."""
+        self.index.abandon()
+
+    def finish(self) -> None:
+        self.pipeline.run_until_caught_up(final=True)
+        self.pipeline.finish_event_time()
+        self.pipeline.close()
+        self.index.close()
+
+
+@pytest.fixture(autouse=True)
+def _release_files() -> Any:
+    yield
+    while Job.opened:
+        Job.opened.pop().abandon()
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def _reference(tmp: Path, lines: list[str]) -> tuple[Job, list[Any]]:
+    data = _write(tmp / "ref.jsonl", lines)
+    job = Job(tmp / "ref-state", data, ManualClock(T0 * 10**6))
+    job.finish()
+    return job, window_finals(job.results)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_crashes_at_random_points_end_as_an_uninterrupted_run(tmp_path: Path, seed: int) -> None:
+    lines = _corpus(seed)
+    ref, ref_windows = _reference(tmp_path, lines)
+    data = _write(tmp_path / "changes.jsonl", lines)
+    state = tmp_path / "state"
+    rng = random.Random(seed)
+    clock = ManualClock(T0 * 10**6)
+    results: list[tuple[str, WindowResult]] = []
+    crashes = 0
+    for _ in range(5):  # up to five crashes, each after a random number of steps
+        job = Job(state, data, clock)
+        for _ in range(rng.randrange(1, 12)):
+            clock.advance_ms(rng.choice([0, 10, 60]))
+            if rng.random() < 0.6:
+                job.pipeline.poll()
+            else:
+                job.pipeline.flush()
+        results += job.results
+        job.crash()
+        crashes += 1
+    job = Job(state, data, clock)
+    job.finish()
+    results += job.results
+    assert crashes == 5
+    assert index_digest(job.index) == index_digest(ref.index)
+    assert window_finals(results) == ref_windows
+    st = job.pipeline.stats
+    malformed = sum(1 for line in lines if line.endswith(": "))
+    assert st.ingested == len(lines)  # nothing read twice, nothing skipped
+    assert st.applied + st.dead_lettered == len(lines)
+    assert st.dead_lettered == malformed
+    letters = list(DeadLetterStore(state / "dead.jsonl").read())
+    assert len(letters) == malformed  # each bad record stored once
+
+
+def test_waiting_changes_are_replayed_without_counting_them_twice(tmp_path: Path) -> None:
+    lines = _corpus(7, n=120)
+    ref, ref_windows = _reference(tmp_path, lines)
+    data = _write(tmp_path / "changes.jsonl", lines)
+    state = tmp_path / "state"
+    clock = ManualClock(T0 * 10**6)
+    job = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
+    job.pipeline.poll()
+    job.pipeline.poll()
+    job.pipeline.flush(force=True)  # one commit, then more is read and left waiting
+    job.pipeline.poll()
+    waiting = job.pipeline.batcher.pending
+    assert waiting > 0
+    cursor = job.index.cursor
+    assert cursor is not None
+    first = job.results[:]
+    job.crash()
+    job2 = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
+    job2.finish()
+    assert index_digest(job2.index) == index_digest(ref.index)
+    assert window_finals(first + job2.results) == ref_windows
+    assert job2.pipeline.stats.ingested == len(lines)
+
+
+def test_cursor_holds_positions_waiting_offsets_and_changed_windows_only(tmp_path: Path) -> None:
+    lines = [change_line(f"d{i}", T0 + i, f"text {i}", domain="ops") for i in range(6)]
+    data = _write(tmp_path / "changes.jsonl", lines)
+    clock = ManualClock(T0 * 10**6)
+    job = Job(tmp_path / "state", data, clock, max_batch_size=2, max_delay_ms=10_000)
+    job.pipeline.poll()  # 6 read; batches of 2 chunks are due at once
+    job.pipeline.flush()
+    cursor = job.index.cursor
+    assert cursor is not None
+    assert cursor["positions"] == {str(data): data.stat().st_size}
+    assert cursor["stats"]["ingested"] == 6
+    assert "window:per_domain" in cursor
+    assert job.index.epoch == 3
+    assert cursor["pending"] == {}  # all six committed by the last of the three commits
+    # A commit with no window change leaves the window state out of its record.
+    before = job.index.epoch
+    _write(data, [*lines, change_line("d0", T0 + 99, "edited", domain="ops")])
+    job.pipeline.poll()
+    job.pipeline.flush(force=True)
+    assert job.index.epoch == before + 1
+    # The window did change (one more count): it is in the cursor again.
+    assert job.index.cursor is not None and "window:per_domain" in job.index.cursor
+
+
+def test_cursor_survives_checkpoint_and_log_replay(tmp_path: Path) -> None:
+    lines = [change_line(f"d{i}", T0 + i, f"text {i}") for i in range(10)]
+    data = _write(tmp_path / "changes.jsonl", lines)
+    clock = ManualClock(T0 * 10**6)
+    job = Job(tmp_path / "state", data, clock, max_batch_size=4)
+    job.pipeline.run_until_caught_up(final=False)
+    cursor = job.index.cursor
+    # Reopened from the log alone (no checkpoint yet): the same cursor.
+    again = LsmIndex(64, LsmSpec(bucket_us=24 * HOUR_US), path=tmp_path / "state" / "index")
+    assert again.cursor == cursor
+    again.abandon()
+    job.index.close()  # a checkpoint: the cursor is written beside the manifest
+    third = LsmIndex(64, LsmSpec(bucket_us=24 * HOUR_US), path=tmp_path / "state" / "index")
+    assert third.cursor == cursor
+    third.close()
+    assert any(p.name.startswith("cursor-") for p in (tmp_path / "state" / "index").iterdir())
+
+
+def test_offsets_only_move_forward(tmp_path: Path) -> None:
+    lines = [change_line(f"d{i}", T0 + i, f"text {i}") for i in range(4)]
+    data = _write(tmp_path / "changes.jsonl", lines)
+    job = Job(tmp_path / "state", data, ManualClock(T0 * 10**6))
+    job.pipeline.run_until_caught_up(final=False)
+    # Pretend an earlier commit had read further than the source now says.
+    job.pipeline._positions[str(data)] = data.stat().st_size + 100
+    _write(data, [*lines, change_line("d9", T0 + 9, "more")])
+    job.pipeline.poll()
+    with pytest.raises(StreamragError, match="moved back"):
+        job.pipeline.flush(force=True)
+
+
+def test_commit_interval_groups_micro_batches_into_one_epoch(tmp_path: Path) -> None:
+    clock = ManualClock(T0 * 10**6)
+    data = tmp_path / "changes.jsonl"
+    first = [change_line("a", T0, "first document")]
+    _write(data, first)
+    job = Job(
+        tmp_path / "state", data, clock, max_batch_size=1, max_pending=100, commit_interval_ms=100
+    )
+    job.pipeline.step()
+    assert job.index.epoch == 1  # the first commit is not held back
+    _write(data, [*first, *(change_line(f"d{i}", T0 + i, f"doc {i}") for i in range(3))])
+    clock.advance_ms(10)
+    job.pipeline.step()  # three one-chunk batches are due, but the interval is not over
+    assert job.index.epoch == 1
+    assert job.pipeline.wait_us() == 90_000
+    clock.advance_ms(90)
+    job.pipeline.flush()
+    assert job.index.epoch == 2  # all three in one epoch
+    assert job.index.stats().live_docs == 4
+    assert json.dumps(job.index.cursor)  # plain data
