@@ -471,3 +471,38 @@ def test_adaptive_batch_size_converges_in_the_pipeline(
     assert (
         "streamrag_batch_target_chunks 36.0" in text or "streamrag_batch_target_chunks 35.0" in text
     )
+
+
+class PoisonEmbedder(FakeEmbedder):
+    """Refuses any batch that holds the word 'poison'."""
+
+    def embed_many(self, texts):  # type: ignore[no-untyped-def]
+        if any("poison" in t for t in texts):
+            raise ValueError("model produced garbage")
+        return super().embed_many(texts)
+
+
+def test_a_text_the_embedder_refuses_is_dead_lettered_and_the_batch_commits(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    src = ScriptedSource()
+    waits: list[float] = []
+    p = pipeline_factory(src, embedder=PoisonEmbedder(), max_delay_ms=0, sleep=waits.append)
+    src.push(
+        change_line("a", T0, "alpha document"),
+        change_line("b", T0, "this one is poison for the model"),
+        change_line("c", T0, "gamma document"),
+    )
+    p.step()
+    assert p.index.epoch == 1  # the stream goes on
+    assert p.batcher.pending == 0
+    assert p.index.doc_state("default", "b") is None  # never half-written
+    assert p.index.doc_state("default", "a") is not None
+    assert p.index.doc_state("default", "c") is not None
+    letters = list(p.dead_letters.read())
+    assert [(x.stage, json.loads(x.raw)["doc_id"]) for x in letters] == [("embed", "b")]
+    assert "model produced garbage" in letters[0].reason
+    assert p.stats.dead_lettered == 1
+    assert p.stats.applied == 2
+    assert p.stats.ingested == p.stats.applied + p.stats.dead_lettered
+    assert waits  # the whole batch was retried with backoff before it was split
