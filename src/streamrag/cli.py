@@ -75,7 +75,13 @@ def _settings(
 
 
 def _live(settings: Settings, *, banner: bool) -> None:
-    """Start ingesting, show progress until caught up, then serve until Ctrl-C."""
+    """Start ingesting and serving at once; show progress until caught up; run until Ctrl-C.
+
+    Queries are answered from the first commit on (each reads one committed
+    epoch), so a restart over a long backlog serves while it catches up.
+    """
+    import threading
+
     from streamrag.runtime.service import Service
     from streamrag.runtime.signals import graceful_stop, terminate_as_interrupt
     from streamrag.serve.server import check_port, serve_forever
@@ -87,7 +93,6 @@ def _live(settings: Settings, *, banner: bool) -> None:
         with terminate_as_interrupt():
             service = Service(settings)
             service.start()
-            _progress(service)
     except KeyboardInterrupt:
         console.print("stopping: committing what is pending (a second Ctrl-C exits at once) …")
         if service is not None:
@@ -95,8 +100,13 @@ def _live(settings: Settings, *, banner: bool) -> None:
                 service.stop()
         return
     host, port = settings.serve.host, settings.serve.port
-    if banner:
-        _banner(service, host, port)
+
+    def report() -> None:
+        _progress(service)
+        if banner:
+            _banner(service, host, port)
+
+    threading.Thread(target=report, name="streamrag-progress", daemon=True).start()
     serve_forever(service, host=host, port=port)
     st = service.status()
     console.print(
@@ -140,7 +150,7 @@ def _progress(service: Any) -> None:
             if backlog == 0 and pipeline.drained and (pipeline.uncommitted == 0 or parked):
                 progress.update(task, completed=total)
                 break
-            if service.runner.last_error and not service.runner.running:
+            if not service.runner.running:  # stopped, or stopping
                 break
             time.sleep(0.1)
 
