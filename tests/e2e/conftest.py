@@ -43,7 +43,9 @@ class Server:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        # The repository on the path: configs may name test embedders (tests.runtime...).
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", PYTHONPATH=root)
         self._log = open(log, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamrag", *args],

@@ -162,6 +162,52 @@ def test_sigterm_commits_pending_changes_and_exits_cleanly(
     assert "stopped at epoch 1: 3 changes applied" in server.log.read_text()
 
 
+def test_a_second_sigterm_exits_at_once_and_the_restart_loses_nothing(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    data = tmp_path / "many.jsonl"
+    _append(
+        data, *(change_line(f"m-{i}", "2024-01-01T00:00:00Z", f"pending {i}") for i in range(300))
+    )
+    state = tmp_path / "st"
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(  # pending until shutdown, then a flush that takes about 15 s
+        f"source: {{path: {data}}}\nstate_dir: {state}\nbatcher: {{max_delay_ms: 600000}}\n"
+        'embedder: {class: "tests.runtime.embedders:Slow", args: {dim: 64, texts_per_s: 20}}\n'
+    )
+    server = start_server("run", str(cfg))
+    server.wait_ready()
+    wait_for(lambda: server.status()["counts"]["pending"] == 300, 30, "300 pending changes")
+    server.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "stopping, committing" in server.log.read_text(), 30, "the graceful stop")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(10) == 128 + signal.SIGTERM
+    assert "SIGTERM again, exiting now" in server.log.read_text()
+
+    # A restart (same vectors, a fast embedder) finds everything and applies it once.
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(
+        f"source: {{path: {data}}}\nstate_dir: {state}\n"
+        "embedder: {class: hashing, args: {dim: 64}}\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrag", "run", str(fast), "--once"],
+        cwd=root,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    status = json.loads(done.stdout)
+    assert status["counts"]["ingested"] == 300
+    assert status["counts"]["applied"] == 300
+    assert status["index"]["live_docs"] == 300
+
+
 def test_serves_an_empty_input_and_picks_up_a_file_created_later(
     tmp_path: Path, start_server: Callable[..., Server]
 ) -> None:

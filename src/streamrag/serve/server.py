@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import sys
 from types import FrameType
 
 import uvicorn
@@ -55,6 +56,11 @@ def serve_forever(service: Service, *, host: str, port: int, log_level: str = "w
     finally:
         signal.signal(signal.SIGTERM, previous)
         with graceful_stop():
+            sys.stderr.write(
+                "streamrag: stopping, committing what is pending "
+                "(a second Ctrl-C or SIGTERM exits at once) ...\n"
+            )
+            sys.stderr.flush()
             service.stop()
 
 
