@@ -87,6 +87,12 @@ class Service:
         # Where the last commit left the stream: a restart resumes exactly there.
         cursor = self.index.cursor
         self.resumed_from = self.index.epoch if cursor is not None else None
+        self.resumed_at: dict[str, int] = {"ingested": 0, "waiting": 0}
+        if cursor is not None:
+            self.resumed_at = {
+                "ingested": int(cursor.get("stats", {}).get("ingested", 0)),
+                "waiting": sum(len(v) for v in (cursor.get("pending") or {}).values()),
+            }
         emb = settings.embedder
         self.pipeline = Pipeline(
             source=src,
@@ -206,6 +212,8 @@ class Service:
             },
             "recovery": {
                 "resumed_from_epoch": self.resumed_from,
+                "ingested_before": self.resumed_at["ingested"],
+                "waiting_at_resume": self.resumed_at["waiting"],
                 "replayed": st.replayed,
                 "skipped": st.skipped,
             },
