@@ -256,21 +256,35 @@ def replay(
         Path | None,
         typer.Option("--out", help="Write index.jsonl and windows.jsonl (final results) here."),
     ] = None,
+    state: Annotated[
+        Path | None,
+        typer.Option(help="Keep the index here (default: a temporary folder, removed after)."),
+    ] = None,
     sets: SetOption = None,
 ) -> None:
     """Run the pipeline over INPUT as a bounded batch job and report what it built.
 
     The same stage code as a live job: same chunk ids, versions and window results.
+    It always starts from an empty index (pass an empty --state to keep it).
     Example: streamrag replay changes.jsonl --set embedder.class=hashing --out replay/
     """
 
     def go() -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="streamrag-replay-") as tmp:
+            run_replay(Path(tmp) if state is None else state)
+
+    def run_replay(state_dir: Path) -> None:
         from streamrag.runtime.replay import index_digest, replay, window_finals
 
         if not input_path.exists():
             msg = f"input {input_path} does not exist; give a JSONL file or a folder of them"
             raise StreamragError(msg)
-        overrides = [*(sets or []), f"source.path={input_path}"]
+        if state_dir.exists() and any(state_dir.iterdir()):
+            msg = f"--state {state_dir} is not empty; a replay starts from an empty index"
+            raise StreamragError(msg)
+        overrides = [*(sets or []), f"source.path={input_path}", f"state_dir={state_dir}"]
         settings = _settings(config, overrides, None, None)
         result = replay(settings)
         summary = result.service.status()

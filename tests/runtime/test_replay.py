@@ -129,8 +129,8 @@ def _replay_cli(tmp: Path, data: Path, name: str) -> tuple[list[Any], list[Any]]
             str(cfg),
             "--out",
             str(out),
-            "--set",
-            f"state_dir={tmp / (name + '-state')}",
+            "--state",
+            str(tmp / (name + "-state")),
         ],
     )
     assert result.exit_code == 0, result.output

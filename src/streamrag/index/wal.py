@@ -19,6 +19,7 @@ new file and deletes the ones whose records it covers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zlib
@@ -189,14 +190,35 @@ class WriteAheadLog:
             self.start(epoch)
         fh = self._fh
         assert fh is not None
+        record = encode_record(epoch, committed_at_us, batch)
+        start = fh.tell()
         try:
-            fh.write(encode_record(epoch, committed_at_us, batch))
+            fh.write(record)
             fh.flush()
             if self.fsync:
                 os.fsync(fh.fileno())
         except OSError as exc:
+            # The commit fails and is not visible. Cut off whatever part of the
+            # record reached the file, so the retry's record follows the last
+            # whole one (a torn record in the middle would hide those after it).
+            self._cut_back(start)
             msg = f"cannot write the index's write-ahead log {self.current}: {exc}"
             raise IndexStoreError(msg) from exc
+
+    def _cut_back(self, size: int) -> None:
+        """Reopen the current file at ``size`` bytes, dropping a partial record."""
+        assert self.current is not None
+        with contextlib.suppress(OSError):
+            if self._fh is not None:
+                self._fh.close()
+        self._fh = None
+        try:
+            with open(self.current, "r+b") as fh:
+                fh.truncate(size)
+                os.fsync(fh.fileno())
+        except OSError:
+            pass  # reopening below fails too; replay stops at the torn record
+        self._fh = open(self.current, "ab")  # noqa: SIM115 - held open across commits
 
     def drop_before(self, first_kept: Path | None) -> None:
         """Delete every log file older than ``first_kept`` (checkpointed)."""
