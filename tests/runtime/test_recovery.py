@@ -206,6 +206,10 @@ def test_cursor_holds_positions_waiting_offsets_and_changed_windows_only(tmp_pat
     assert carried == [True, False, False]
     waiting = [len(r.batch.cursor["pending"].get(str(data), [])) for r in records]
     assert waiting == [4, 2, 0]  # two changes per commit leave the batcher
+    # Each record is also the commit's audit record.
+    audit = records[0].batch.cursor["audit"]
+    assert (audit["changes"], audit["upserts"], audit["deletes"]) == (2, 2, 0)
+    assert audit["cut_by"] == "size"
 
 
 def test_cursor_survives_checkpoint_and_log_replay(tmp_path: Path) -> None:

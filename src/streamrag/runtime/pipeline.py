@@ -677,6 +677,20 @@ class Pipeline:
         counts["chunks_embedded"] += embedded
         counts["chunks_reused"] += len(reuse_slots)
         counts["commits"] += 1
+        # The audit record of this commit, in the same log record as its documents.
+        upserts = sum(1 for d in docs if d.op == Op.UPSERT)
+        cursor["audit"] = {
+            "changes": len(changes),
+            "upserts": upserts,
+            "deletes": len(docs) - upserts,
+            "stale": stale,
+            "dead_lettered": len(letters),
+            "chunks_embedded": embedded,
+            "chunks_reused": len(reuse_slots),
+            "cut_by": pending.reason,
+            "first_arrival_us": pending.first_arrival_us,
+            "embedder": self.embedder.version,
+        }
         if letters:
             # Before the commit: a crash in between leaves a letter for a change
             # that is still waiting; it is refused again on replay and the store

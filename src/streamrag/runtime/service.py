@@ -210,6 +210,7 @@ class Service:
                 "on": batcher.full,
                 "paused_polls": self.pipeline.paused_polls,
             },
+            "last_commit": (self.index.cursor or {}).get("audit"),
             "recovery": {
                 "resumed_from_epoch": self.resumed_from,
                 "ingested_before": self.resumed_at["ingested"],
