@@ -78,8 +78,13 @@ class PipelineRunner:
         """Whether the loop threads are alive."""
         return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Ask the loops to stop, let them commit what is pending, and wait for them."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the loops to stop, let them commit what is pending, and wait for them.
+
+        By default it waits as long as the last commit takes (a large batch on a
+        slow embedder can take a while); a second signal is the way out
+        (:mod:`streamrag.runtime.signals`).
+        """
         self._stop.set()
         self._queued.set()
         for t in self._threads:
