@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import weakref
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -764,27 +764,50 @@ class LsmIndex:
             return latest + 1
 
     def _rebuild_docs(self) -> None:
-        """Documents and counts from the current rows and the delete log."""
-        parts: dict[tuple[str, str], list[tuple[int, int, bytes, int, int]]] = defaultdict(list)
+        """Documents and counts from the current rows and the delete log.
+
+        Column-wise: the current rows of every segment are gathered, ordered by
+        document and position with one sort, and cut into documents.
+        """
+        keys: list[tuple[str, str]] = []
+        cols: list[tuple[npt.NDArray[Any], ...]] = []
+        hashes: list[bytes] = []
         for seg in self._segments.values():
             n = seg.n
-            for i in np.flatnonzero(seg.sup[:n] == NEVER).tolist():
-                parts[(seg.tenants[i], seg.doc_ids[i])].append(
-                    (
-                        int(seg.positions[i]),
-                        int(seg.rids[i]),
-                        seg.hashes[i],
-                        int(seg.valid_from[i]),
-                        int(seg.offsets[i]),
-                    )
-                )
+            rows = np.flatnonzero(seg.sup[:n] == NEVER)
+            if not rows.size:
+                continue
+            tenants, doc_ids, seg_hashes = seg.tenants, seg.doc_ids, seg.hashes
+            rl = rows.tolist()
+            keys.extend([(tenants[i], doc_ids[i]) for i in rl])
+            hashes.extend([seg_hashes[i] for i in rl])
+            cols.append(
+                (seg.positions[rows], seg.rids[rows], seg.valid_from[rows], seg.offsets[rows])
+            )
         docs: dict[tuple[str, str], DocState] = {}
-        chunks = 0
-        for key, entries in parts.items():
-            entries.sort()
-            _, _, _, t, off = entries[0]
-            docs[key] = DocState((t, off), False, [e[1] for e in entries], [e[2] for e in entries])
-            chunks += len(entries)
+        chunks = len(keys)
+        if chunks:
+            codes_of: dict[tuple[str, str], int] = {}
+            codes = np.fromiter(
+                (codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, chunks
+            )
+            positions, rids, valid_from, offsets = (
+                np.concatenate([c[f] for c in cols]) for f in range(4)
+            )
+            order = np.lexsort((positions, codes))
+            sorted_codes = codes[order]
+            starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+            ends = np.r_[starts[1:], chunks].tolist()
+            firsts = order[starts]
+            first_t = valid_from[firsts].tolist()
+            first_o = offsets[firsts].tolist()
+            rid_list = rids[order].tolist()
+            hash_list = [hashes[i] for i in order.tolist()]
+            for g, (lo, hi) in enumerate(zip(starts.tolist(), ends, strict=True)):
+                key = keys[int(firsts[g])]
+                docs[key] = DocState(
+                    (first_t[g], first_o[g]), False, rid_list[lo:hi], hash_list[lo:hi]
+                )
         live = len(docs)
         for tenant, doc_id, t, off, _ in self._deletes:
             key = (tenant, doc_id)
