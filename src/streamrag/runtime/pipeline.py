@@ -68,6 +68,9 @@ from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Duration, Timestamp
 
 __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
 
+_MIN_READ = 1 << 16
+"""Smallest read while the batcher is nearly full, so reading still makes progress."""
+
 CURSOR_FORMAT = 1
 """Version of the cursor layout written with each commit."""
 
@@ -345,7 +348,11 @@ class Pipeline:
         # write, not from our read (which is up to a poll interval later).
         idle_since = self._idle_poll_us if self._drained else None
         self._drained = False  # before reading: what is read counts as in progress
-        raws = self.reader.poll(self.max_read_bytes, final=final)
+        budget = self.max_read_bytes
+        cap = self.batcher.max_pending_bytes
+        if cap is not None:  # read no more than the batcher has room for (64 KiB at least)
+            budget = min(budget, max(_MIN_READ, cap - self.batcher.pending_bytes))
+        raws = self.reader.poll(budget, final=final)
         if not raws:
             self._drained = True
             self._idle_poll_us = now
