@@ -179,9 +179,9 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
     import time
 
     calls: list[int] = []
-    original = service.retrieve_many
+    original = service.embed_many
 
-    def spy(queries, k, flt):  # type: ignore[no-untyped-def]
+    def spy(queries):  # type: ignore[no-untyped-def]
         if not calls:
             # Hold the first batch until all other requests are queued behind it.
             deadline = time.monotonic() + 10
@@ -189,9 +189,9 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
             while len(queries) + queue.qsize() < 25 and time.monotonic() < deadline:
                 time.sleep(0.001)
         calls.append(len(queries))
-        return original(queries, k, flt)
+        return original(queries)
 
-    service.retrieve_many = spy  # type: ignore[method-assign]
+    service.embed_many = spy  # type: ignore[method-assign]
     app = create_app(service, manage_service=False)
 
     got = _top_docs_concurrently(app, ["database password"] * 20 + ["parental leave"] * 5)
