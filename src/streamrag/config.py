@@ -378,10 +378,10 @@ class CacheSettings(_Frozen):
         2, ge=1, description="K of LRU-K: evict by the K-th most recent use (1 = plain LRU)."
     )
     max_hamming: int = Field(
-        3, ge=0, le=16, description="Most differing bits of two questions' 64-bit SimHash."
+        6, ge=0, le=16, description="Most differing bits of two questions' 64-bit SimHash."
     )
     min_similarity: float = Field(
-        0.92,
+        0.95,
         ge=0,
         le=1,
         description="Least cosine similarity of two questions' embeddings for a near hit.",

@@ -15,6 +15,7 @@ expected, what was found and what to do::
     ├── IndexStoreError        the vector index refused an operation
     ├── QueryError             a query is malformed (bad filter, k, time range)
     └── GeneratorError         the LLM endpoint failed, timed out or returned garbage
+        ├── GeneratorTimeoutError  the endpoint did not answer in time
         └── CircuitOpenError   the endpoint failed too often; calls are refused for a while
 """
 
@@ -26,6 +27,7 @@ __all__ = [
     "DecodeError",
     "EmbedderError",
     "GeneratorError",
+    "GeneratorTimeoutError",
     "IndexStoreError",
     "InputError",
     "MissingDependencyError",
@@ -93,6 +95,10 @@ class GeneratorError(StreamragError):
     Answers fall back to the extractive answerer when this happens before any
     text was streamed; the response then names the reason.
     """
+
+
+class GeneratorTimeoutError(GeneratorError):
+    """The LLM endpoint did not connect, answer or finish within its configured timeouts."""
 
 
 class CircuitOpenError(GeneratorError):

@@ -58,6 +58,7 @@ class EpochChanges:
     epoch: int
     docs: frozenset[tuple[str, str]]
     upserts: tuple[NewVersion, ...]
+    tenants: frozenset[str]
 
     @property
     def size(self) -> int:
@@ -89,7 +90,7 @@ class EpochLog:
             for d in batch.docs
             if d.op is Op.UPSERT
         )
-        changes = EpochChanges(result.epoch, docs, upserts)
+        changes = EpochChanges(result.epoch, docs, upserts, frozenset(t for t, _ in docs))
         with self._lock:
             if self._epochs and self._epochs[-1].epoch >= changes.epoch:
                 # A rollback restarted the numbering below what we hold: forget it all.
