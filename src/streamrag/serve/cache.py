@@ -64,7 +64,6 @@ import hashlib
 import heapq
 import re
 import threading
-import unicodedata
 from collections import OrderedDict, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
@@ -76,6 +75,7 @@ import numpy.typing as npt
 from streamrag.index.base import SearchFilter
 from streamrag.runtime.epochs import EpochLog, NewVersion
 from streamrag.runtime.metrics import Metrics
+from streamrag.serve.text import FUNCTION_WORDS, normalize
 
 __all__ = [
     "CacheHit",
@@ -88,7 +88,6 @@ __all__ = [
     "simhash64",
 ]
 
-_WORD = re.compile(r"[\w']+")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _NEGATIONS = frozenset(
     {
@@ -110,23 +109,7 @@ _NEGATIONS = frozenset(
     }
 )
 _BITS = np.arange(64, dtype=np.uint64)
-_FUNCTION_WORDS = frozenset(
-    " ".join(
-        [
-            "a an the of to in on for and or is are was were be been am do does did i you we",
-            "they my your our their how what which who whom when where why can could should",
-            "would will shall may might must please me us it its this that these those with",
-            "at by from as there here about",
-        ]
-    ).split()
-)
 _FUNCTION_WEIGHT = 0.25
-
-
-def normalize(text: str) -> str:
-    """The text an exact hit compares: NFKC, case-folded, words only, single spaces."""
-    text = unicodedata.normalize("NFKC", text).casefold().replace("\u2019", "'")
-    return " ".join(_WORD.findall(text))
 
 
 def _hash64(feature: str) -> int:
@@ -140,7 +123,7 @@ def simhash64(normalized: str) -> int:
         return 0
     hashes = np.fromiter((_hash64(w) for w in words), dtype=np.uint64, count=len(words))
     weights = np.fromiter(
-        (_FUNCTION_WEIGHT if w in _FUNCTION_WORDS else 1.0 for w in words),
+        (_FUNCTION_WEIGHT if w in FUNCTION_WORDS else 1.0 for w in words),
         dtype=np.float64,
         count=len(words),
     )
