@@ -357,9 +357,9 @@ class LLMSettings(_Frozen):
     temperature: float = Field(0.2, ge=0, le=2, description="Sampling temperature.")
     tokenizer: str = Field(
         "approx",
-        description="How context tokens are counted: 'approx' (max of chars/4 and "
-        "4/3 x words), 'server' (the endpoint's llama.cpp /tokenize), or the path of a "
-        "tokenizer.json (Hugging Face tokenizers).",
+        description="How context tokens are counted: 'approx' (an estimate by character "
+        "class, for English and code), 'server' (the endpoint's llama.cpp /tokenize), or the "
+        "path of the model's tokenizer.json (Hugging Face tokenizers).",
     )
 
     @field_validator("api_key", mode="before")

@@ -73,6 +73,9 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         finally:
             if answerer.generator is not None:
                 await answerer.generator.aclose()
+            close = getattr(answerer.counter, "close", None)
+            if callable(close):
+                close()
             batcher.close()
             if manage_service:
                 service.stop()

@@ -435,7 +435,12 @@ class ChatClient:
         return float(base * (0.5 + self._rng.random()))
 
     async def _deltas(self, resp: httpx.Response) -> AsyncIterator[Delta]:
-        """Parse server-sent events of chat-completion chunks until ``[DONE]``."""
+        """Parse server-sent events of chat-completion chunks until ``[DONE]``.
+
+        A stream that ends without ``[DONE]`` and without a finish reason broke
+        off (a closed connection looks like a normal end of body in HTTP/1.1).
+        """
+        finished = False
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):
                 continue  # blank separators, ": keep-alive" comments, "event:" lines
@@ -456,12 +461,16 @@ class ChatClient:
             choices = chunk.get("choices") or []
             choice = choices[0] if choices else {}
             delta = choice.get("delta") or {}
+            finished = finished or bool(choice.get("finish_reason"))
             yield Delta(
                 delta.get("content") or "",
                 chunk.get("model"),
                 choice.get("finish_reason"),
                 chunk.get("usage"),
             )
+        if not finished:
+            msg = f"{self.base_url}/chat/completions ended its stream before the answer did"
+            raise GeneratorError(msg)
 
     def _total_timeout_message(self) -> str:
         return (

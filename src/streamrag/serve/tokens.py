@@ -3,11 +3,15 @@
 A context budget is only as good as the count behind it. Three counters:
 
 * :class:`ApproxCounter` — for an endpoint whose tokenizer streamrag does not
-  know (DeepSeek's API, say). It takes the larger of ``ceil(chars / 4)`` and
-  ``ceil(4/3 × words)``: English BPE tokenizers average about four characters or
-  three quarters of a word per token, and taking the larger of the two keeps
-  the estimate on the safe side for text with long or many short words. It is
-  an approximation: code, numbers and other languages can use more tokens.
+  know (DeepSeek's API, say). It counts a token per run of up to six letters
+  and one more per five letters beyond, a token per digit, per punctuation or
+  symbol character and per line break or indentation. BPE tokenizers keep
+  common English words whole, split long and rare ones, and (Llama-style
+  tokenizers) spell numbers digit by digit. Against SmolLM2's tokenizer the
+  estimate is within about −5 % to +30 % for English prose, code, log lines and
+  SQL (tests check this). It is an approximation: text in other languages can
+  take up to twice the estimate with an English-centred tokenizer — name the
+  model's ``tokenizer.json`` for such corpora.
 * :class:`ServerCounter` — the endpoint's own tokenizer, through the
   ``POST /tokenize`` route that llama.cpp's server (and xllamacpp) offers next
   to ``/v1``. Exact; one request per text.
@@ -16,13 +20,14 @@ A context budget is only as good as the count behind it. Three counters:
 
 ``llm.tokenizer`` picks one: ``approx``, ``server`` or a path.
 
->>> ApproxCounter().count_many(["one two three four", "a" * 40])
-[6, 10]
+>>> ApproxCounter().count_many(["one two three four", "retry=3/5", "a" * 40])
+[4, 5, 8]
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,6 +36,10 @@ import httpx
 
 from streamrag.config import LLMSettings
 from streamrag.errors import ConfigError, GeneratorError, MissingDependencyError
+
+_PIECE = re.compile(r"[^\W\d_]+|\d|[^\w\s]|_|\n|\s{2,}")
+_WHOLE_WORD = 6  # letters a tokenizer usually keeps as one token
+_LETTERS_PER_TOKEN = 5
 
 __all__ = [
     "ApproxCounter",
@@ -56,13 +65,24 @@ class TokenCounter(Protocol):
 
 
 class ApproxCounter:
-    """The larger of chars/4 and 4/3 × words: a safe-side estimate for unknown tokenizers."""
+    """An estimate by character class, for tokenizers streamrag does not know."""
 
     name = "approx"
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """Estimated tokens of each text."""
-        return [max(math.ceil(len(t) / 4), math.ceil(len(t.split()) * 4 / 3)) for t in texts]
+        return [self._count(t) for t in texts]
+
+    @staticmethod
+    def _count(text: str) -> int:
+        n = 0
+        for m in _PIECE.finditer(text):
+            piece = m.group(0)
+            if piece[0].isalpha() and len(piece) > _WHOLE_WORD:
+                n += math.ceil(len(piece) / _LETTERS_PER_TOKEN)
+            else:
+                n += 1  # a short word, a digit, a symbol, a line break or an indent
+        return n
 
     def __repr__(self) -> str:
         return "ApproxCounter()"
