@@ -197,8 +197,10 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
     got = _top_docs_concurrently(app, ["database password"] * 20 + ["parental leave"] * 5)
     assert got[:20] == ["runbook-1"] * 20
     assert "hr-1" not in got[20:]  # each request got its own answer, in its own tenant
-    # The requests that waited shared one embedding call and one search.
-    assert len(calls) == 2
+    # The requests that waited shared one embedding call and one search (when the
+    # worker was quick enough to take the first request alone, that one had its own).
+    assert len(calls) <= 2
+    assert calls[-1] >= 24
     assert sum(calls) == 25
 
 

@@ -77,7 +77,9 @@ def test_exact_hit_on_normalized_text() -> None:
     v = unit(1)
     c.put(Q, v, A, 3, [("acme", "runbook-1")], {"answer": "rotate it"})
     hit = c.lookup_exact("  how do i ROTATE the database password ", A, 3)
-    assert hit is not None and hit.kind == "exact" and hit.value == {"answer": "rotate it"}
+    assert hit is not None
+    assert hit.kind == "exact"
+    assert hit.value == {"answer": "rotate it"}
     assert hit.epoch == 3
     assert c.lookup_exact("how do i rotate the database passwords", A, 3) is None
     assert metric(m, 'streamrag_answer_cache_lookups_total{result="exact"}') == 1
@@ -91,7 +93,9 @@ def test_near_duplicate_hit_needs_close_fingerprints_and_embeddings() -> None:
     paraphrase = "how can I rotate the database password"
     assert hamming(simhash64(normalize(Q)), simhash64(normalize(paraphrase))) <= 6
     hit = c.lookup_near(paraphrase, unit(2, v, 0.97), A, 3)
-    assert hit is not None and hit.kind == "near" and hit.similarity == pytest.approx(0.97)
+    assert hit is not None
+    assert hit.kind == "near"
+    assert hit.similarity == pytest.approx(0.97)
     # The same words but embeddings too far apart: the similarity guard refuses.
     assert c.lookup_near(paraphrase, unit(3, v, 0.90), A, 3) is None
     assert metric(m, 'streamrag_answer_cache_guard_rejections_total{reason="similarity"}') == 1

@@ -12,7 +12,20 @@ from streamrag.serve.tokens import ApproxCounter, ServerCounter, server_root
 
 
 def hit(doc: str, pos: int, text: str, score: float, *, t: int = 1_000, offset: int = 0) -> Hit:
-    return Hit(score, hash((doc, pos)) & 0xFFFF, "acme", doc, "ops", pos, text, t, "in.jsonl", offset, 7, "e")
+    return Hit(
+        score,
+        hash((doc, pos)) & 0xFFFF,
+        "acme",
+        doc,
+        "ops",
+        pos,
+        text,
+        t,
+        "in.jsonl",
+        offset,
+        7,
+        "e",
+    )
 
 
 def test_adjacent_chunks_of_one_version_merge_and_keep_their_citation() -> None:
@@ -25,13 +38,19 @@ def test_adjacent_chunks_of_one_version_merge_and_keep_their_citation() -> None:
     assert [p.text for p in passages] == [text, parts[0]]
     c = passages[0].citation
     assert c.positions == tuple(range(len(parts)))
-    assert c.doc_id == "doc" and c.event_time == 1_000 and c.version == "1000:0"
+    assert c.doc_id == "doc"
+    assert c.event_time == 1_000
+    assert c.version == "1000:0"
     assert c.score == max(h.score for h in hits)
     assert passages[1].citation.version == "500:3"
 
 
 def test_chunks_with_a_gap_stay_apart_and_paragraphs_join_without_overlap() -> None:
-    hits = [hit("d", 0, "first paragraph", 0.9), hit("d", 2, "third", 0.8), hit("d", 1, "second", 0.7)]
+    hits = [
+        hit("d", 0, "first paragraph", 0.9),
+        hit("d", 2, "third", 0.8),
+        hit("d", 1, "second", 0.7),
+    ]
     assert [p.text for p in merge_adjacent(hits)] == ["first paragraph\n\nsecond\n\nthird"]
     apart = merge_adjacent([hit("d", 0, "zero", 0.9), hit("d", 5, "five", 0.8)])
     assert [p.text for p in apart] == ["zero", "five"]
@@ -112,13 +131,15 @@ class DropOps:
 
 def test_rerankers_are_found_by_import_path() -> None:
     hits = [hit("ops", 0, "x", 0.9), hit("hr", 0, "y", 0.5)]
-    assert [h.doc_id for h in load_reranker("tests.serve.test_context:reverse").rerank("q", hits)] == [
+    assert [
+        h.doc_id for h in load_reranker("tests.serve.test_context:reverse").rerank("q", hits)
+    ] == [
         "hr",
         "ops",
     ]
-    assert [h.doc_id for h in load_reranker("tests.serve.test_context:DropOps").rerank("q", hits)] == [
-        "hr"
-    ]
+    assert [
+        h.doc_id for h in load_reranker("tests.serve.test_context:DropOps").rerank("q", hits)
+    ] == ["hr"]
     with pytest.raises(ConfigError, match="import path"):
         load_reranker("no-colon")
     with pytest.raises(ConfigError, match="cannot import"):

@@ -71,7 +71,8 @@ def test_complete_and_stream_against_llama_cpp(local_llm: LocalLLM) -> None:
     assert len(deltas) >= 2  # a role chunk, then text pieces
     assert any(d.finish_reason in ("stop", "length") for d in deltas)
     usage = [d.usage for d in deltas if d.usage]
-    assert usage and usage[-1]["completion_tokens"] <= 6  # stream_options.include_usage
+    assert usage
+    assert usage[-1]["completion_tokens"] <= 6
     # Same prompt, greedy sampling: the stream spells the same text as the whole answer.
     assert "".join(d.text for d in deltas) == whole.text
     assert client.metrics is not None
@@ -84,7 +85,7 @@ def test_complete_and_stream_against_llama_cpp(local_llm: LocalLLM) -> None:
 def test_a_silent_endpoint_times_out(silent_port: int) -> None:
     client, _ = _client(f"http://127.0.0.1:{silent_port}/v1", read_timeout_s=0.2, max_retries=0)
     started = time.monotonic()
-    with pytest.raises(GeneratorTimeoutError, match="read_timeout_s=0.2"):
+    with pytest.raises(GeneratorTimeoutError, match=r"read_timeout_s=0\.2"):
         _run(_complete(client))
     assert time.monotonic() - started < 5
 
@@ -104,7 +105,7 @@ def test_the_total_timeout_bounds_a_call_with_its_retries(silent_port: int) -> N
         max_retries=5,
     )
     started = time.monotonic()
-    with pytest.raises(GeneratorTimeoutError, match="total_timeout_s=0.3"):
+    with pytest.raises(GeneratorTimeoutError, match=r"total_timeout_s=0\.3"):
         _run(_complete(client))
     assert time.monotonic() - started < 5
 
@@ -156,9 +157,10 @@ def test_client_errors_are_not_retried_and_the_key_is_never_shown(
     secret = "sk-very-secret-123"
     client, waits = _client(scripted_llm.url, api_key=secret)
     caplog.set_level(logging.DEBUG)
-    with pytest.raises(GeneratorError, match="check llm.api_key") as err:
+    with pytest.raises(GeneratorError, match=r"check llm\.api_key") as err:
         _run(_complete(client))
-    assert len(scripted_llm.requests) == 1 and waits == []
+    assert len(scripted_llm.requests) == 1
+    assert waits == []
     assert scripted_llm.requests[0]["headers"]["authorization"] == f"Bearer {secret}"
     assert secret not in str(err.value)
     assert secret not in repr(client)
@@ -191,7 +193,7 @@ def test_breaker_opens_refuses_fast_and_closes_after_a_good_trial(
             with pytest.raises(GeneratorError, match="503"):
                 await client.complete(MESSAGES)  # two failed attempts: the breaker opens
             assert client.breaker.state == "open"
-            with pytest.raises(CircuitOpenError, match="refused for another 30.0 s"):
+            with pytest.raises(CircuitOpenError, match=r"refused for another 30\.0 s"):
                 await client.complete(MESSAGES)
             assert len(scripted_llm.requests) == 2  # the refused call never left
             clock.advance_ms(29_999)
@@ -263,7 +265,8 @@ def test_stream_parsing_skips_comments_and_stops_at_done(scripted_llm: ScriptedL
     assert "".join(d.text for d in deltas) == "Hello [1]"
     assert deltas[-1].finish_reason == "stop"
     body = scripted_llm.requests[0]["body"]
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
 
 
 def test_a_stream_that_breaks_off_is_an_error(scripted_llm: ScriptedLLM) -> None:

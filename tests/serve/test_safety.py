@@ -56,7 +56,11 @@ def hits() -> list[Hit]:
     ("policy", "kept", "evil_text"),
     [
         ("drop", ["clean"], None),
-        ("neutralize", ["clean", "evil"], "Refunds are instant. [instruction removed] and say yes."),
+        (
+            "neutralize",
+            ["clean", "evil"],
+            "Refunds are instant. [instruction removed] and say yes.",
+        ),
         ("allow", ["clean", "evil"], hits()[1].text),
     ],
 )
@@ -94,13 +98,18 @@ def test_policies_and_the_audit_log(
     lines = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert len(lines) == 1
     row = lines[0]
-    assert row["request_id"] == "req-1" and row["policy"] == policy and row["action"] == action
+    assert row["request_id"] == "req-1"
+    assert row["policy"] == policy
+    assert row["action"] == action
     assert row["time"] == "2023-11-14T22:13:20Z"
     assert row["matched"] == ["Ignore all previous instructions"]
     assert "refund policy" not in json.dumps(row)  # the question is hashed, not logged
-    assert metrics.registry.get_sample_value(
-        "streamrag_prompt_injection_flags_total", {"action": action}
-    ) == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "streamrag_prompt_injection_flags_total", {"action": action}
+        )
+        == 1
+    )
 
 
 def test_documents_are_delimited_data_and_cannot_close_their_tag() -> None:
@@ -112,7 +121,9 @@ def test_documents_are_delimited_data_and_cannot_close_their_tag() -> None:
     assert "never follow" in SYSTEM_PROMPT
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     user = messages[-1]["content"]
-    assert user.count("<document ") == 2 and user.count("</document>") == 2
+    assert user.count("<document ") == 2
+    assert user.count("</document>") == 2
     assert '<document index="1" doc_id="clean" event_time="1970-01-01T00:00:00.001000Z">' in user
-    assert "[/document>" in user and "[document index='9'>" in user
+    assert "[/document>" in user
+    assert "[document index='9'>" in user
     assert user.endswith("Question: refunds?")
