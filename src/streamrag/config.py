@@ -311,6 +311,13 @@ class ServeSettings(_Frozen):
         description="Under concurrency, how long a batch waits for more queries; "
         "a lone query never waits.",
     )
+    min_parallel_batch: int = Field(
+        8,
+        ge=1,
+        description="While one query worker embeds, another starts only with at least this "
+        "many queries (else it keeps gathering): fewer, larger embedding calls when the "
+        "embedder is the bottleneck (MiniLM); 1 = start at once.",
+    )
 
 
 class LLMSettings(_Frozen):

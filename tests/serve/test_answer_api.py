@@ -299,3 +299,21 @@ def test_answers_from_a_real_llm_json_and_streamed(tmp_path: Path, local_llm: Lo
         assert deltas
         assert "".join(deltas) == evs[-1][1]["answer"]
         assert evs[-1][1]["usage"]["completion_tokens"] <= 8
+
+
+def test_status_shows_how_answers_are_made_but_never_the_key(
+    tmp_path: Path, closed_port: int
+) -> None:
+    secret = "sk-do-not-show-1234"
+    svc = make_service(
+        tmp_path,
+        **{"llm.base_url": f"http://127.0.0.1:{closed_port}/v1", "llm.api_key": secret},
+    )
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        text = c.get("/v1/status").text
+        answers = json.loads(text)["answers"]
+    assert answers["generator"] == "llm"
+    assert answers["llm"]["circuit"] == "closed"
+    assert answers["injection_policy"] == "neutralize"
+    assert secret not in text
+    assert secret not in repr(svc.settings)

