@@ -415,7 +415,11 @@ class ContextSettings(_Frozen):
         "favour chunks unlike those already chosen.",
     )
     duplicate_similarity: float = Field(
-        0.9, gt=0, le=1, description="Chunks at least this similar (words) to a kept one drop."
+        0.97,
+        gt=0,
+        le=1,
+        description="Passages at least this similar (cosine of hashed word counts) to one "
+        "already chosen are dropped as near-duplicates.",
     )
     reranker: str | None = Field(
         None,

@@ -64,7 +64,7 @@ def test_near_duplicates_drop_and_mmr_prefers_new_information() -> None:
     rotate = "to rotate the database password create a new credential in the vault"
     passages = [
         passage("a", rotate, 0.90),
-        passage("b", rotate + " today", 0.89),  # the same words: a near-duplicate
+        passage("b", rotate.capitalize() + ".", 0.89),  # the same words: a near-duplicate
         passage("c", "rotate the database password then restart the service", 0.88),
         passage("d", "the backup runs nightly and keeps thirty days", 0.70),
     ]

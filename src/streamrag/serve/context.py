@@ -261,7 +261,7 @@ def select(
     budget: int,
     counter: TokenCounter,
     mmr_lambda: float = 0.7,
-    duplicate_similarity: float = 0.9,
+    duplicate_similarity: float = 0.97,
 ) -> Context:
     """At most ``k`` passages by maximal marginal relevance that fit ``budget`` tokens."""
     dropped = {"duplicate": 0, "budget": 0}
