@@ -7,7 +7,8 @@ exists to spend that cost once for many queries. This section measures
 * the **raw batched throughput**: in its own process, nothing else running,
   ``Service.retrieve_many`` (one ``embed_many`` call and one batched search)
   over batches of 1, 16 and 64 queries, on one thread and on
-  ``serve.query_workers`` threads at once; the best of these is the ceiling;
+  ``serve.query_workers`` threads at once; the best batch size on that many
+  threads is the ceiling;
 * the **server**: ``streamrag run`` with MiniLM over the bundled sample corpus,
   driven by ``loadgen.py`` (its own process, keep-alive connections, closed
   loop) at concurrency 1, 16 and 64, once with micro-batching on
@@ -182,14 +183,14 @@ def serving_section(
     cmd += ["--queries", str(qfile), "--budget", str(raw_budget_s), "-k", str(k)]
     raw = run_json(cmd, 600)
     out["raw"] = raw
-    # The ceiling: the same embedder and index called directly, in batches of
-    # serve.max_batch on as many threads as the server has query workers.
-    ceiling = next(p["qps"] for p in raw["points"] if p["threads"] == WORKERS and p["batch"] == 64)
+    # The ceiling: the same embedder and index called directly, in batches, on
+    # as many threads as the server has query workers; the best batch size.
+    ceiling = max(p["qps"] for p in raw["points"] if p["threads"] == WORKERS)
     out["raw_ceiling_qps"] = ceiling
     for mode in out["modes"].values():
         for r in mode["load"]:
             r["ratio_to_raw"] = r["qps"] / ceiling if ceiling else None
-    log(section, f"raw ceiling {ceiling:.0f} QPS (batches of 64 on {WORKERS} threads)")
+    log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")
     return out
 
 

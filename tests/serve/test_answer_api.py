@@ -244,7 +244,7 @@ def test_an_llm_that_fails_before_answering_falls_back_and_is_not_cached(
         assert body["citations"]
         assert ask(c)["cached"] is None  # a fallback is not kept: the LLM may be back
         metrics = c.get("/metrics").text
-        assert 'streamrag_answers_total{fallback="yes",generator="extractive"} 2.0' in metrics
+        assert 'streamrag_answers_total{generator="extractive",outcome="fallback"} 2.0' in metrics
 
 
 def test_an_llm_that_breaks_off_mid_stream_ends_with_an_error_event(

@@ -155,8 +155,9 @@ class Metrics:
         )
         self.answers = Counter(
             "streamrag_answers",
-            "Answers given, by generator (llm, extractive) and whether they fell back.",
-            ["generator", "fallback"],
+            "Answers given, by generator (llm, extractive) and outcome: answered, cached, "
+            "fallback (the LLM failed before answering) or broken (it failed mid-answer).",
+            ["generator", "outcome"],
             registry=r,
         )
         self.llm_calls = Counter(

@@ -202,7 +202,7 @@ class Answerer:
             "answer": "".join(pieces),
             "usage": dict(usage) if usage else None,
         }
-        self._count(generator, "yes" if fallback else "no")
+        self._count(generator, "fallback" if fallback else "answered")
         if cache is not None and fallback is None:
             stored = {k: v for k, v in done.items() if k not in ("id", "cached", "took_ms")}
             docs = {(h.tenant, h.doc_id) for h in hits}
@@ -275,9 +275,9 @@ class Answerer:
             shape.append(hashlib.sha256(blob.encode()).hexdigest())
         return CacheScope(q.flt, tuple(shape))
 
-    def _count(self, generator: str, fallback: str) -> None:
+    def _count(self, generator: str, outcome: str) -> None:
         if self.metrics is not None:
-            self.metrics.answers.labels(generator, fallback).inc()
+            self.metrics.answers.labels(generator, outcome).inc()
 
 
 async def _first_text(deltas: AsyncGenerator[Delta, None]) -> Delta | None:
