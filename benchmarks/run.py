@@ -29,6 +29,7 @@ import numpy as np
 from eventtime import embed_curve, window_count
 from ingest import proc_status_kib
 from server import ServerProcess
+from serving import serving_section
 from workload import Change, Workload, WorkloadSpec, final_state, format_time, make_workload
 
 from streamrag.config import BatcherSettings, SourceSettings
@@ -58,6 +59,10 @@ class Params:
     tldr_max_lines: int | None = None
     window_events: int = 2_000_000
     embed_curve_budget_s: float = 40.0
+    serving_concurrencies: tuple[int, ...] = (1, 16, 64)
+    serving_duration_s: float = 5.0
+    serving_warmup_s: float = 1.0
+    serving_raw_budget_s: float = 3.0
 
     @classmethod
     def quick(cls) -> Params:
@@ -74,6 +79,9 @@ class Params:
             tldr_max_lines=3_000,
             window_events=200_000,
             embed_curve_budget_s=8.0,
+            serving_duration_s=2.0,
+            serving_warmup_s=0.5,
+            serving_raw_budget_s=1.0,
         )
 
 
@@ -289,12 +297,21 @@ def recall_at_k(
 # -- the server section --------------------------------------------------------
 
 
-def loadgen(url: str, queries_file: Path, concurrency: int, p: Params) -> dict[str, Any]:
+def loadgen(
+    url: str,
+    queries_file: Path,
+    concurrency: int,
+    p: Params,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+) -> dict[str, Any]:
     """Run benchmarks/loadgen.py against ``url`` as a separate process."""
+    duration = p.load_duration_s if duration_s is None else duration_s
+    warmup = p.load_warmup_s if warmup_s is None else warmup_s
     cmd = [sys.executable, str(HERE / "loadgen.py"), "--url", url, "--queries", str(queries_file)]
-    cmd += ["--concurrency", str(concurrency), "--duration", str(p.load_duration_s)]
-    cmd += ["--warmup", str(p.load_warmup_s), "-k", str(p.k)]
-    return run_json(cmd, timeout=p.load_duration_s + p.load_warmup_s + 60)
+    cmd += ["--concurrency", str(concurrency), "--duration", str(duration)]
+    cmd += ["--warmup", str(warmup), "-k", str(p.k)]
+    return run_json(cmd, timeout=duration + warmup + 60)
 
 
 def server_section(
@@ -517,6 +534,46 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             sec = f"recall@{rc['k']} vs numpy brute force ({rc['queries']} queries)"
             rows.append(Row(sec, "recall", rc["recall"], "", 1.0))
         rows.append(Row("memory", "server peak RSS (VmHWM)", srv.get("peak_rss_mib"), "MiB"))
+    sv = res.get("serving_minilm")
+    if sv:
+        ceiling = sv["raw_ceiling_qps"]
+        raw = sv["raw"]
+        sec = (
+            f"raw MiniLM embed_many + search_many ({raw['live_chunks']} chunks, "
+            f"{sv['workers']} threads)"
+        )
+        for pt in raw["points"]:
+            if pt["threads"] == sv["workers"]:
+                rows.append(Row(sec, f"batches of {pt['batch']}", pt["qps"], "QPS"))
+        rows.append(
+            Row(
+                sec,
+                "1 thread, batches of 64",
+                next(pt["qps"] for pt in raw["points"] if pt["threads"] == 1 and pt["batch"] == 64),
+                "QPS",
+            )
+        )
+        for mode, label in (("batching_on", "micro-batching on"), ("batching_off", "off")):
+            m = sv["modes"].get(mode)
+            if not m:
+                continue
+            for r in m["load"]:
+                c = r["concurrency"]
+                sec = f"retrieve over HTTP, MiniLM, {label}, concurrency {c}"
+                target = 0.8 if mode == "batching_on" and c > 1 else None
+                rows += [
+                    Row(sec, "throughput", r["qps"], "QPS"),
+                    Row(sec, "latency p50", r.get("p50_ms"), "ms"),
+                    Row(sec, "latency p99", r.get("p99_ms"), "ms"),
+                    Row(sec, "queries per embedding call (mean)", r.get("server_mean_batch"), ""),
+                    Row(
+                        sec,
+                        f"QPS / raw ceiling ({ceiling:,.0f} QPS)",
+                        r["ratio_to_raw"],
+                        "×",
+                        target,
+                    ),
+                ]
     t = res.get("tldr")
     if t:
         sec = f"tldr-changes events.late ({t['changes']:,} changes)"
@@ -677,6 +734,25 @@ def main(argv: list[str] | None = None) -> int:
                     wl, pristine, qfile, tmp / "srv-b", p, p.fast_poll_ms, full=False
                 ),
                 "server(fast poll)",
+            )
+        if not a.no_minilm:
+            _section(
+                res,
+                "serving_minilm",
+                lambda: serving_section(
+                    tmp / "serving",
+                    concurrencies=p.serving_concurrencies,
+                    duration_s=p.serving_duration_s,
+                    warmup_s=p.serving_warmup_s,
+                    raw_budget_s=p.serving_raw_budget_s,
+                    k=p.k,
+                    loadgen=lambda url, q, c: loadgen(
+                        url, q, c, p, p.serving_duration_s, p.serving_warmup_s
+                    ),
+                    log=log,
+                    run_json=run_json,
+                ),
+                "serving(minilm)",
             )
         _section(res, "tldr", lambda: tldr_section(tmp, p), "tldr")
         _section(res, "windows", lambda: windows_section(p), "windows")

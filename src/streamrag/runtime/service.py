@@ -12,6 +12,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from streamrag.batching import AdaptiveController, PartitionKey
@@ -33,6 +35,7 @@ from streamrag.eventtime import (
 from streamrag.index.base import Hit, SearchFilter
 from streamrag.index.factory import build_index
 from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import Pipeline
@@ -73,6 +76,8 @@ class Service:
             settings.index, self.embedder.dim, state_dir=settings.state_dir, clock=self.clock
         )
         self.metrics.watch_index(getattr(self.index, "health", None))
+        # What each commit changed: the answer cache checks it before serving.
+        self.epochs = EpochLog()
         ingest = settings.ingest
         batcher = settings.batcher
         line_cap = ingest.max_document_bytes + 1
@@ -127,6 +132,7 @@ class Service:
             event_time=build_event_time(settings, self.clock),
             window_side_output=settings.event_time.late_to_dead_letter,
             metrics=self.metrics,
+            on_commit=[self.epochs.record],
         )
         self.runner = PipelineRunner(
             self.pipeline, poll_interval_ms=settings.source.poll_interval_ms
@@ -151,14 +157,25 @@ class Service:
         self, queries: Sequence[str], k: int, flt: SearchFilter
     ) -> tuple[int, list[list[Hit]]]:
         """Embed queries in one call and search one pinned epoch for all of them."""
+        epoch, hits, _ = self.retrieve_many_with_vectors(queries, k, flt)
+        return epoch, hits
+
+    def retrieve_many_with_vectors(
+        self, queries: Sequence[str], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]], npt.NDArray[np.float32]]:
+        """:meth:`retrieve_many`, also returning the query vectors (one unit row per query)."""
         started = time.perf_counter()
-        vectors = check_vectors(
-            self.embedder.embed_many(list(queries)), len(queries), self.embedder.dim, "embedder"
-        )
-        result = self.index.search_many(vectors, k, flt)
+        vectors = self.embed_many(queries)
+        epoch, hits = self.index.search_many(vectors, k, flt)
         self.metrics.query_seconds.observe(time.perf_counter() - started)
         self.metrics.query_batch.observe(len(queries))
-        return result
+        return epoch, hits, vectors
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Texts as unit vectors from the job's embedder, checked (``/v1/embeddings``)."""
+        return check_vectors(
+            self.embedder.embed_many(list(texts)), len(texts), self.embedder.dim, "embedder"
+        )
 
     def status(self) -> dict[str, Any]:
         """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""

@@ -2,6 +2,10 @@
 
 =========================  ====================================================
 ``POST /v1/retrieve``      top-k chunks for a query, with filters and a time range
+``POST /v1/answer``        an answer with citations (JSON, or server-sent events)
+``POST /v1/chat/completions``  OpenAI-compatible chat, answered with retrieval
+``POST /v1/embeddings``    OpenAI-compatible embeddings from the index's embedder
+``GET  /v1/models``        the model the OpenAI-compatible routes offer
 ``GET  /v1/status``        epoch, watermark, counts, ingest lag, freshness
 ``GET  /v1/windows``       the configured window aggregations and their latest results
 ``GET  /v1/windows/NAME``  one aggregation's latest results (``?key=`` to pick one key)
@@ -11,25 +15,38 @@
 =========================  ====================================================
 
 Every retrieve response names the epoch it was read from; all its results come
-from that one committed epoch.
+from that one committed epoch. Answers do too, and name the passages they cite.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from streamrag.errors import IndexStoreError, QueryError, StreamragError
+from streamrag.errors import GeneratorError, IndexStoreError, QueryError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.runtime.service import Service
+from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.batcher import QueryBatcher
-from streamrag.serve.retrieve import RetrieveASGI, answer, encode_json
-from streamrag.serve.schemas import RetrieveRequest, RetrieveResponse, RollbackRequest
+from streamrag.serve.cache import SemanticCache
+from streamrag.serve.context import load_reranker
+from streamrag.serve.generator import ChatClient
+from streamrag.serve.openai_api import router as openai_router
+from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
+from streamrag.serve.safety import AuditLog
+from streamrag.serve.schemas import (
+    AnswerRequest,
+    RetrieveRequest,
+    RetrieveResponse,
+    RollbackRequest,
+)
+from streamrag.serve.sse import SSE_HEADERS, sse
+from streamrag.serve.tokens import build_counter
 from streamrag.timing import format_timestamp
 
 __all__ = ["create_app"]
@@ -48,11 +65,18 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             max_batch=serve.max_batch,
             max_wait_ms=serve.max_wait_ms,
             workers=serve.query_workers,
+            min_parallel_batch=serve.min_parallel_batch,
         )
         app.state.batcher = batcher
+        app.state.answerer = answerer = build_answerer(service, batcher)
         try:
             yield
         finally:
+            if answerer.generator is not None:
+                await answerer.generator.aclose()
+            close = getattr(answerer.counter, "close", None)
+            if callable(close):
+                close()
             batcher.close()
             if manage_service:
                 service.stop()
@@ -68,7 +92,9 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     @app.exception_handler(StreamragError)
     async def _streamrag_error(request: Request, exc: StreamragError) -> JSONResponse:
-        status = 400 if isinstance(exc, QueryError) else 500
+        status = (
+            400 if isinstance(exc, QueryError) else 502 if isinstance(exc, GeneratorError) else 500
+        )
         return JSONResponse(
             {"error": {"type": type(exc).__name__, "message": str(exc)}}, status_code=status
         )
@@ -97,10 +123,42 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.add_middleware(RetrieveASGI, max_k=max_k)
     _add_schema(app, RetrieveRequest)
 
+    @app.post("/v1/answer", response_model=None)
+    async def answer_question(body: AnswerRequest, request: Request) -> Response:
+        """Answer ``query`` from one committed epoch, with citations.
+
+        With ``stream: true`` the answer comes as server-sent events: ``meta``
+        (epoch, citations, context, safety, generator), ``delta`` pieces of text,
+        then ``done`` (the whole response) — or ``error`` if the LLM broke off.
+        """
+        answerer: Answerer = request.app.state.answerer
+        check_k(body.k, max_k)
+        q = Question(
+            body.query,
+            body.k,
+            search_filter(body),
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            use_cache=body.cache,
+        )
+        if not body.stream:
+            return Response(encode_json(await answerer.answer(q)), media_type="application/json")
+        events = answerer.events(q, stream=True)
+        first = await anext(events)  # retrieval errors become a 400 here, before any byte
+        return StreamingResponse(
+            _answer_events(first, events), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+
+    app.include_router(openai_router)
+
     @app.get("/v1/status")
-    async def status() -> Response:
+    async def status(request: Request) -> Response:
         """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness."""
-        return Response(encode_json(service.status()), media_type="application/json")
+        body = service.status()
+        answerer: Answerer | None = getattr(request.app.state, "answerer", None)
+        if answerer is not None:
+            body["answers"] = _answers_status(answerer)
+        return Response(encode_json(body), media_type="application/json")
 
     @app.get("/v1/windows")
     async def windows() -> Response:
@@ -150,6 +208,9 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         except IndexStoreError as exc:
             err = {"type": "IndexStoreError", "message": str(exc)}
             return JSONResponse({"error": err}, status_code=400)
+        cache = app.state.answerer.cache
+        if cache is not None:
+            cache.clear()  # answers read before the rollback may cite what it undid
         return JSONResponse({"epoch": epoch, "restored_from": body.epoch})
 
     @app.get("/healthz")
@@ -158,6 +219,64 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         return {"status": "ok"}
 
     return app
+
+
+def build_answerer(service: Service, batcher: QueryBatcher) -> Answerer:
+    """The answerer a service's settings describe: LLM client, cache, counter, hooks."""
+    settings = service.settings
+    llm = settings.llm
+    generator = (
+        ChatClient(llm, clock=service.clock, metrics=service.metrics) if llm.base_url else None
+    )
+    c = settings.answer.cache
+    cache = (
+        SemanticCache(
+            service.epochs,
+            max_entries=c.max_entries,
+            lru_k=c.lru_k,
+            max_hamming=c.max_hamming,
+            min_similarity=c.min_similarity,
+            metrics=service.metrics,
+        )
+        if c.enabled
+        else None
+    )
+    reranker = settings.answer.context.reranker
+    return Answerer(
+        service,
+        batcher,
+        settings.answer,
+        counter=build_counter(llm),
+        generator=generator,
+        cache=cache,
+        reranker=load_reranker(reranker) if reranker else None,
+        audit=AuditLog(settings.audit_log_path, clock=service.clock),
+        metrics=service.metrics,
+    )
+
+
+def _answers_status(answerer: Answerer) -> dict[str, Any]:
+    """How answers are made: the generator (never its key), the cache's size."""
+    gen = answerer.generator
+    return {
+        "generator": "llm" if gen is not None else "extractive",
+        "llm": None
+        if gen is None
+        else {"base_url": gen.base_url, "model": gen.model, "circuit": gen.breaker.state},
+        "cache_entries": None if answerer.cache is None else len(answerer.cache),
+        "tokenizer": answerer.counter.name,
+        "injection_policy": answerer.settings.safety.injection_policy,
+    }
+
+
+async def _answer_events(first: Event, events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
+    """Answer events as server-sent events."""
+    try:
+        yield sse(first[1], event=first[0])
+        async for kind, payload in events:
+            yield sse(payload, event=kind)
+    finally:
+        await events.aclose()
 
 
 def _window_body(w: NamedWindow, results: list[WindowResult], key: str | None) -> dict[str, Any]:

@@ -23,10 +23,10 @@ from streamrag.chunking import chunk_id_text
 from streamrag.errors import QueryError
 from streamrag.index.base import Hit, MetaPredicate, SearchFilter
 from streamrag.serve.batcher import QueryBatcher
-from streamrag.serve.schemas import MetaRange, RetrieveRequest
+from streamrag.serve.schemas import MetaRange, RetrievalOptions, RetrieveRequest
 from streamrag.timing import format_timestamp
 
-__all__ = ["RetrieveASGI", "answer", "encode_json"]
+__all__ = ["RetrieveASGI", "answer", "check_k", "encode_json", "search_filter"]
 
 encode_json = msgspec.json.Encoder().encode
 """Fast JSON encoding for responses (msgspec)."""
@@ -38,10 +38,8 @@ async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, b
     started = time.perf_counter()
     try:
         req = RetrieveRequest.model_validate_json(body)
-        if req.k > max_k:
-            msg = f"k={req.k} is above serve.max_k={max_k}; ask for fewer results"
-            raise QueryError(msg)
-        flt = _filter(req)
+        check_k(req.k, max_k)
+        flt = search_filter(req)
     except ValidationError as exc:
         detail = exc.errors(include_url=False, include_context=False)
         return 422, encode_json({"detail": detail})
@@ -93,7 +91,15 @@ def _as_set(value: str | list[str] | None) -> frozenset[str] | None:
     return frozenset([value] if isinstance(value, str) else value)
 
 
-def _filter(req: RetrieveRequest) -> SearchFilter:
+def check_k(k: int, max_k: int) -> None:
+    """Refuse a ``k`` above ``serve.max_k`` with what to do."""
+    if k > max_k:
+        msg = f"k={k} is above serve.max_k={max_k}; ask for fewer results"
+        raise QueryError(msg)
+
+
+def search_filter(req: RetrievalOptions) -> SearchFilter:
+    """The index filter a request's options describe (raises QueryError when impossible)."""
     f = req.filters
     tr = req.time_range
     return SearchFilter(

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from streamrag.timing import parse_timestamp
 
 __all__ = [
+    "AnswerRequest",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "EmbeddingsRequest",
     "Filters",
     "MetaRange",
+    "RetrievalOptions",
     "RetrieveRequest",
     "RetrieveResponse",
     "RetrievedChunk",
@@ -73,16 +78,9 @@ class TimeRange(_Model):
         return parse_timestamp(value)
 
 
-class RetrieveRequest(_Model):
-    """``POST /v1/retrieve``: find the chunks closest to a query."""
+class RetrievalOptions(_Model):
+    """What a query may see and how many chunks it gets: ``k``, filters, time, version."""
 
-    query: str = Field(
-        ...,
-        min_length=1,
-        max_length=10_000,
-        description="Question or keywords.",
-        examples=["how do I rotate the database password?"],
-    )
     k: int = Field(5, ge=1, description="How many chunks to return.", examples=[5])
     filters: Filters = Field(default_factory=Filters, description="Tenant, domain, doc id.")
     time_range: TimeRange | None = Field(None, description="Event-time range of documents.")
@@ -105,6 +103,36 @@ class RetrieveRequest(_Model):
         if value is None:
             return None
         return parse_timestamp(value)
+
+
+class RetrieveRequest(RetrievalOptions):
+    """``POST /v1/retrieve``: find the chunks closest to a query."""
+
+    query: str = Field(
+        ...,
+        min_length=1,
+        max_length=10_000,
+        description="Question or keywords.",
+        examples=["how do I rotate the database password?"],
+    )
+
+
+class AnswerRequest(RetrieveRequest):
+    """``POST /v1/answer``: answer a question from the index, with citations.
+
+    ``k`` is the most passages the answer may draw on.
+    """
+
+    stream: bool = Field(
+        False, description="Send the answer as server-sent events (meta, delta…, done)."
+    )
+    max_tokens: int | None = Field(
+        None, gt=0, description="Longest answer in tokens (default: llm.max_tokens)."
+    )
+    temperature: float | None = Field(
+        None, ge=0, le=2, description="Sampling temperature (default: llm.temperature)."
+    )
+    cache: bool = Field(True, description="Allow an answer from the semantic cache.")
 
 
 class RetrievedChunk(_Model):
@@ -137,3 +165,68 @@ class RollbackRequest(_Model):
     """``POST /v1/admin/rollback``: make an earlier epoch's documents current again."""
 
     epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[41])
+
+
+class _OpenAIModel(BaseModel):
+    """OpenAI-compatible bodies accept and ignore parameters streamrag does not use."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContentPart(_OpenAIModel):
+    """One part of a message's content; only text parts are used."""
+
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatMessage(_OpenAIModel):
+    """One message of a conversation."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        """The message's text (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class StreamOptions(_OpenAIModel):
+    """``stream_options``: whether the last chunk carries token usage."""
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_OpenAIModel):
+    """``POST /v1/chat/completions``: OpenAI's request, answered with retrieval.
+
+    The last user message is the question. Retrieval options go in the extra
+    field ``streamrag`` (``extra_body={"streamrag": {...}}`` with the openai client).
+    """
+
+    model: str = Field("streamrag", description="Echoed back; the configured LLM answers.")
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, gt=0)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    temperature: float | None = Field(None, ge=0, le=2)
+    streamrag: RetrievalOptions = Field(
+        default_factory=RetrievalOptions,
+        description="k, filters, time_range, as_of, epoch of the retrieval.",
+    )
+
+
+class EmbeddingsRequest(_OpenAIModel):
+    """``POST /v1/embeddings``: vectors from the index's own embedder."""
+
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="A text or a list of texts (token arrays are not accepted)."
+    )
+    model: str = Field("", description="Echoed back; the configured embedder is used.")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, gt=0)

@@ -1,0 +1,235 @@
+"""Serving with MiniLM: retrieval under load, micro-batching on and off, against the raw ceiling.
+
+The query path's cost is the embedder: one MiniLM query takes ~20 ms on a core
+here, a batched search over this index well under a millisecond. Micro-batching
+exists to spend that cost once for many queries. This section measures
+
+* the **raw batched throughput**: in its own process, nothing else running,
+  ``Service.retrieve_many`` (one ``embed_many`` call and one batched search)
+  over batches of 1, 16 and 64 queries, on one thread and on
+  ``serve.query_workers`` threads at once; the best batch size on that many
+  threads is the ceiling;
+* the **server**: ``streamrag run`` with MiniLM over the bundled sample corpus,
+  driven by ``loadgen.py`` (its own process, keep-alive connections, closed
+  loop) at concurrency 1, 16 and 64, once with micro-batching on
+  (``serve.max_batch`` 64, ``serve.max_wait_ms`` 2) and once off
+  (``serve.max_batch`` 1: every query embedded and searched alone);
+
+and reports QPS, p50/p99 latency and achieved QPS / raw QPS (goal ≥ 0.8).
+The two servers share one index directory: the second reopens what the first
+built. ``python benchmarks/serving.py raw --config C --queries Q`` is the raw
+measurement on its own (one JSON object on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from server import ServerProcess
+
+HERE = Path(__file__).resolve().parent
+WORKERS = 2
+
+
+def sample_corpus(dest: Path) -> tuple[Path, list[str]]:
+    """The bundled sample corpus copied to ``dest``, and questions about its documents."""
+    with resources.as_file(resources.files("streamrag") / "data" / "sample_changes.jsonl") as src:
+        shutil.copyfile(src, dest)
+    titles: list[str] = []
+    for line in dest.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # the corpus carries a few malformed lines on purpose
+        title = rec.get("title") if isinstance(rec, dict) else None
+        if title and title not in titles:
+            titles.append(title)
+    forms = ("{}", "how do I handle {}?", "what is the policy on {}?")
+    queries = [f.format(t.lower() if i else t) for t in titles for i, f in enumerate(forms)]
+    return dest, queries
+
+
+def settings_for(state: Path, max_batch: int) -> dict[str, Any]:
+    """The server's settings (dotted keys)."""
+    return {
+        "embedder.class": "minilm",
+        "embedder.args": {"threads": 1},
+        "serve.query_workers": WORKERS,
+        "serve.max_batch": max_batch,
+        "serve.max_wait_ms": 2.0,
+        "state_dir": str(state),
+        "answer.cache.enabled": False,
+    }
+
+
+def raw_throughput(config: Path, queries: list[str], budget_s: float, k: int) -> dict[str, Any]:
+    """Service.retrieve_many QPS by batch size, on one thread and on WORKERS threads."""
+    from streamrag.config import load_settings
+    from streamrag.index.base import SearchFilter
+    from streamrag.runtime.service import Service
+
+    service = Service(load_settings(config, environ={}))
+    load = getattr(service.embedder, "load", None)
+    if callable(load):
+        load()
+    service.pipeline.run_until_caught_up()  # reopens the index the servers built
+    flt = SearchFilter()
+    service.retrieve_many(queries[:8], k, flt)  # warm up
+
+    def run(batch: int, threads: int) -> float:
+        done = [0] * threads
+        stop_at = time.perf_counter() + budget_s
+
+        def loop(t: int) -> None:
+            rng = random.Random(t)  # random queries, as the load generator sends them
+            while time.perf_counter() < stop_at:
+                service.retrieve_many(rng.choices(queries, k=batch), k, flt)
+                done[t] += batch
+
+        started = time.perf_counter()
+        pool = [threading.Thread(target=loop, args=(t,)) for t in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        return sum(done) / (time.perf_counter() - started)
+
+    points = []
+    for threads in (1, WORKERS):
+        for batch in (1, 16, 32, 64):
+            qps = run(batch, threads)
+            points.append({"batch": batch, "threads": threads, "qps": qps})
+            print(f"raw: batch {batch}, {threads} thread(s): {qps:.0f} QPS", file=sys.stderr)
+    best = max(points, key=lambda p: p["qps"])
+    service.stop()
+    return {
+        "points": points,
+        "best": best,
+        "live_chunks": service.index.stats().live_chunks,
+        "embedder": service.embedder.version,
+    }
+
+
+def serving_section(
+    work: Path,
+    *,
+    concurrencies: tuple[int, ...],
+    duration_s: float,
+    warmup_s: float,
+    raw_budget_s: float,
+    k: int,
+    loadgen: Callable[[str, Path, int], dict[str, Any]],
+    log: Callable[[str, str], None],
+    run_json: Callable[[list[str], float], dict[str, Any]],
+) -> dict[str, Any]:
+    """Both servers under load, then the raw ceiling; QPS ratios per concurrency."""
+    section = "serving(minilm)"
+    # The same environment as the raw measurement (run.py's helper processes).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    work.mkdir()
+    source, queries = sample_corpus(work / "changes.jsonl")
+    qfile = work / "queries.json"
+    qfile.write_text(json.dumps(queries))
+    state = work / "state"
+    out: dict[str, Any] = {"queries": len(queries), "k": k, "workers": WORKERS, "modes": {}}
+    for mode, max_batch in (("batching_on", 64), ("batching_off", 1)):
+        (work / mode).mkdir()
+        srv = ServerProcess(work / mode, source, settings_for(state, max_batch))
+        loads = []
+        ready = None
+        try:
+            srv.start()
+            log(section, f"{mode}: started pid {srv.pid} on port {srv.port}; waiting for ingest")
+            with httpx.Client(timeout=30.0) as client:
+                ready = srv.wait_caught_up(client, 1, timeout=600)
+                chunks = srv.status(client)["index"]["live_chunks"]
+                log(section, f"{mode}: ready after {ready:.1f} s, {chunks} chunks")
+                for c in concurrencies:
+                    before = _batches(client, srv.url)
+                    r = loadgen(srv.url, qfile, c)
+                    after = _batches(client, srv.url)
+                    n = after[1] - before[1]
+                    r["server_batches"] = n
+                    r["server_mean_batch"] = (after[0] - before[0]) / n if n else None
+                    log(
+                        section,
+                        f"{mode} c={c}: {r['qps']:.0f} QPS, p50 {r.get('p50_ms', 0):.1f} ms, "
+                        f"p99 {r.get('p99_ms', 0):.1f} ms, mean batch "
+                        f"{r['server_mean_batch'] or 0:.1f}, errors {r['errors']}",
+                    )
+                    loads.append(r)
+        finally:
+            code = srv.stop()
+        out["modes"][mode] = {"max_batch": max_batch, "ready_s": ready, "load": loads, "exit": code}
+    log(section, "raw batched embedder + index throughput (own process)")
+    raw_config = work / "raw.yaml"
+    raw_config.write_text(
+        yaml.safe_dump(_nested({"source.path": str(source), **settings_for(state, 64)}))
+    )
+    cmd = [sys.executable, str(HERE / "serving.py"), "raw", "--config", str(raw_config)]
+    cmd += ["--queries", str(qfile), "--budget", str(raw_budget_s), "-k", str(k)]
+    raw = run_json(cmd, 600)
+    out["raw"] = raw
+    # The ceiling: the same embedder and index called directly, in batches, on
+    # as many threads as the server has query workers; the best batch size.
+    ceiling = max(p["qps"] for p in raw["points"] if p["threads"] == WORKERS)
+    out["raw_ceiling_qps"] = ceiling
+    for mode in out["modes"].values():
+        for r in mode["load"]:
+            r["ratio_to_raw"] = r["qps"] / ceiling if ceiling else None
+    log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")
+    return out
+
+
+def _batches(client: httpx.Client, url: str) -> tuple[float, float]:
+    """The server's query batch-size histogram: (sum, count) so far."""
+    total = count = 0.0
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("streamrag_query_batch_size_sum "):
+            total = float(line.split()[1])
+        elif line.startswith("streamrag_query_batch_size_count "):
+            count = float(line.split()[1])
+    return total, count
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``raw``: the raw batched throughput as JSON on stdout."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    raw = sub.add_parser("raw")
+    raw.add_argument("--config", type=Path, required=True)
+    raw.add_argument("--queries", type=Path, required=True)
+    raw.add_argument("--budget", type=float, default=3.0, help="seconds per point")
+    raw.add_argument("-k", type=int, default=5)
+    a = p.parse_args(argv)
+    queries = json.loads(a.queries.read_text())
+    print(json.dumps(raw_throughput(a.config, queries, a.budget, a.k)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
