@@ -384,10 +384,7 @@ def query(
 
     Example: streamrag query "rotate the database password" -k 3
     """
-    body: dict[str, Any] = {"query": text, "k": k, "filters": {"tenant": tenant}}
-    if domain:
-        body["filters"]["domain"] = domain
-    data = _http("POST", f"{url}/v1/retrieve", body)
+    data = _http("POST", f"{url}/v1/retrieve", _query_body(text, k, tenant, domain))
     if as_json:
         out.print_json(json.dumps(data))
         return
@@ -413,10 +410,7 @@ def ask(
 
     Example: streamrag ask "how do I rotate the database password?" -k 3
     """
-    body: dict[str, Any] = {"query": question, "k": k, "filters": {"tenant": tenant}}
-    if domain:
-        body["filters"]["domain"] = domain
-    data = _http("POST", f"{url}/v1/answer", body)
+    data = _http("POST", f"{url}/v1/answer", _query_body(question, k, tenant, domain))
     if as_json:
         out.print_json(json.dumps(data))
         return
@@ -612,6 +606,14 @@ def _write_replay(folder: Path, lines: list[str]) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, target)
     return target
+
+
+def _query_body(text: str, k: int, tenant: str, domain: str | None) -> dict[str, Any]:
+    """The JSON body of a retrieve or answer request from the command's options."""
+    filters: dict[str, Any] = {"tenant": tenant}
+    if domain:
+        filters["domain"] = domain
+    return {"query": text, "k": k, "filters": filters}
 
 
 def _http(method: str, url: str, body: Any) -> Any:
