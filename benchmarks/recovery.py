@@ -27,8 +27,6 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,21 +36,22 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import machine_info
+from server import ServerProcess
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 T0 = 1_714_521_600  # 2024-05-01T00:00:00Z
 WORDS = [f"w{i}" for i in range(5000)]
+SETTINGS = {
+    "embedder.class": "hashing",
+    "embedder.args": {"dim": 384},
+    "batcher.max_batch_size": 256,
+    "batcher.max_delay_ms": 20,
+}
+STOP_TIMEOUT_S = 600.0  # a graceful stop may wait for a graph build to finish
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def append(path: Path, start: int, n: int, seed: int) -> None:
@@ -64,73 +63,36 @@ def append(path: Path, start: int, n: int, seed: int) -> None:
             fh.write(json.dumps({"doc_id": f"doc-{i}", "event_time": T0 + i, "text": text}) + "\n")
 
 
-def config(tmp: Path, data: Path) -> Path:
-    cfg = tmp / "job.yaml"
-    cfg.write_text(
-        f"state_dir: {tmp / 'state'}\nsource: {{path: {data}}}\n"
-        "embedder: {class: hashing, args: {dim: 384}}\n"
-        "batcher: {max_batch_size: 256, max_delay_ms: 20}\n",
-        encoding="utf-8",
-    )
-    return cfg
+def start(tmp: Path, data: Path) -> ServerProcess:
+    """``streamrag run`` over ``data`` with its state in ``tmp/state`` (kept across restarts)."""
+    server = ServerProcess(tmp, data, SETTINGS)
+    server.start()
+    return server
 
 
-class Job:
-    """A ``streamrag run`` process with an HTTP client."""
-
-    def __init__(self, cfg: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self.log = log_path.open("w")
-        self.started = time.perf_counter()
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamrag", "run", str(cfg), "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
-
-    def until(self, what: str, ok: Any, timeout: float = 600) -> float:
-        """Seconds from the process start until ``ok()`` holds."""
-        deadline = time.perf_counter() + timeout
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"streamrag exited while waiting for {what}")
-            try:
-                if ok():
-                    return time.perf_counter() - self.started
-            except httpx.TransportError:
-                pass
-            time.sleep(0.01)
-        raise RuntimeError(f"timed out waiting for {what}")
-
-    def serving(self) -> bool:
-        r = self.http.post("/v1/retrieve", json={"query": "w1 w2 w3", "k": 5})
-        return r.status_code == 200
-
-    def status(self) -> dict[str, Any]:
-        return self.http.get("/v1/status").json()  # type: ignore[no-any-return]
-
-    def caught_up(self, total: int) -> bool:
-        st = self.status()
-        return bool(st["ingest_lag"]["caught_up"] and st["counts"]["ingested"] == total)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        self.http.close()
-        self.proc.send_signal(sig)
-        self.proc.wait(300)
-        self.log.close()
+def until_serving(server: ServerProcess, client: httpx.Client, timeout: float = 600) -> float:
+    """Seconds from the process start to its first answered ``/v1/retrieve``."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if server.proc is not None and server.proc.poll() is not None:
+            raise RuntimeError(f"streamrag exited:\n{server.log_tail()}")
+        try:
+            r = client.post(f"{server.url}/v1/retrieve", json={"query": "w1 w2 w3", "k": 5})
+            if r.status_code == 200:
+                return time.perf_counter() - server.started_at
+        except httpx.TransportError:
+            pass
+        time.sleep(0.01)
+    raise RuntimeError(f"not serving after {timeout:.0f} s:\n{server.log_tail()}")
 
 
-def restart(cfg: Path, tmp: Path, name: str, total: int) -> dict[str, Any]:
-    job = Job(cfg, tmp / f"{name}.log")
-    serving = job.until("serving", job.serving)
-    first = job.status()
-    caught_up = job.until("caught up", lambda: job.caught_up(total))
-    st = job.status()
-    job.stop()
+def restart(tmp: Path, data: Path, total: int, client: httpx.Client) -> dict[str, Any]:
+    server = start(tmp, data)
+    serving = until_serving(server, client)
+    first = server.status(client)
+    caught_up = server.wait_caught_up(client, total, timeout=600)
+    st = server.status(client)
+    server.stop(timeout=STOP_TIMEOUT_S)
     return {
         "serving_s": serving,
         "caught_up_s": caught_up,
@@ -147,27 +109,39 @@ def restart(cfg: Path, tmp: Path, name: str, total: int) -> dict[str, Any]:
 def run(n: int, tmp: Path) -> dict[str, Any]:
     data = tmp / "changes.jsonl"
     append(data, 0, n, seed=1)
-    cfg = config(tmp, data)
+    client = httpx.Client(timeout=30)
 
     log(f"indexing {n:,} documents from scratch")
-    job = Job(cfg, tmp / "build.log")
-    build_serving = job.until("serving", job.serving)
-    build = job.until("caught up", lambda: job.caught_up(n), timeout=1800)
-    job.stop()
+    server = start(tmp, data)
+    build_serving = until_serving(server, client)
+    build = server.wait_caught_up(client, n, timeout=1800)
+    server.stop(timeout=STOP_TIMEOUT_S)
 
     log("clean restart with 5,000 new changes")
     append(data, n, 5_000, seed=2)
-    clean = restart(cfg, tmp, "clean", n + 5_000)
+    clean = restart(tmp, data, n + 5_000, client)
 
     log("crash half-way through 20,000 new changes, then restart")
     total = n + 5_000 + 20_000
     append(data, n + 5_000, 20_000, seed=3)
-    job = Job(cfg, tmp / "crashing.log")
-    job.until("half the new changes", lambda: job.status()["counts"]["applied"] >= n + 15_000)
-    job.stop(signal.SIGKILL)
+    server = start(tmp, data)
+    deadline = time.perf_counter() + 600
+    while True:
+        try:
+            if server.status(client)["counts"]["applied"] >= n + 15_000:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"no progress:\n{server.log_tail()}")
+        time.sleep(0.01)
+    assert server.proc is not None
+    os.kill(server.pid, signal.SIGKILL)
+    server.proc.wait(60)
     wal = sum(p.stat().st_size for p in (tmp / "state" / "index").glob("wal-*.log"))
-    crash = restart(cfg, tmp, "crash", total)
+    crash = restart(tmp, data, total, client)
     crash["wal_bytes_at_restart"] = wal
+    client.close()
     return {
         "n": n,
         "from_scratch": {"serving_s": build_serving, "caught_up_s": build},

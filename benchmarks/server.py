@@ -108,14 +108,14 @@ class ServerProcess:
                 return time.perf_counter() - self.started_at
             time.sleep(0.02)
 
-    def stop(self) -> int | None:
-        """SIGTERM the server (by pid), SIGKILL it if it lingers; return its exit code."""
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM the server (by pid), SIGKILL it after ``timeout`` s; return its exit code."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return None if proc is None else proc.returncode
         os.kill(proc.pid, signal.SIGTERM)
         try:
-            return proc.wait(timeout=15)
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.kill(proc.pid, signal.SIGKILL)
             return proc.wait(timeout=15)

@@ -164,10 +164,10 @@ def test_late_changes_go_to_the_dead_letter_store_and_are_still_indexed(
     assert p.stats.ingested == p.stats.applied
 
 
-def test_pipeline_checkpoint_resumes_reading_and_windows_together(
+def test_pipeline_cursor_resumes_reading_and_windows_together(
     pipeline_factory: PipelineFactory, clock: ManualClock, tmp_path: Any
 ) -> None:
-    """Stop halfway, restart from the checkpoint: same window results as one run."""
+    """Stop halfway, restart from the committed cursor: same window results as one run."""
     from streamrag.sources import JsonlSource
 
     settings = load_settings(
@@ -188,17 +188,17 @@ def test_pipeline_checkpoint_resumes_reading_and_windows_together(
     lines[30], lines[31] = lines[31], lines[30]
     path = tmp_path / "in.jsonl"
 
-    def run(upto: int, state: dict[str, Any] | None, results: list[Any]) -> dict[str, Any]:
+    def run(upto: int, cursor: dict[str, Any] | None, results: list[Any]) -> dict[str, Any]:
         p = pipeline_factory(
             JsonlSource(path),
             event_time=build_event_time(settings, clock),
-            resume=None if state is None else state["positions"],
-            event_time_state=None if state is None else state["event_time"],
+            cursor=cursor,
             on_window=[lambda name, r: results.append((name, r.key, r.window, r.value))],
         )
         path.write_text("".join(x + "\n" for x in lines[:upto]))
         p.run_until_caught_up(final=False)
-        out = msgspec.msgpack.decode(msgspec.msgpack.encode(p.checkpoint()))
+        assert p.index.cursor is not None
+        out: dict[str, Any] = msgspec.msgpack.decode(msgspec.msgpack.encode(p.index.cursor))
         if upto == len(lines):
             p.finish_event_time()
         p.close()
@@ -219,5 +219,5 @@ def test_pipeline_checkpoint_resumes_reading_and_windows_together(
     assert len(finals(whole)) > 10
     # Without the restored window state, the second half would start from empty windows.
     fresh: list[Any] = []
-    run(len(lines), {"positions": half["positions"], "event_time": None}, fresh)
+    run(len(lines), {k: v for k, v in half.items() if not k.startswith("window:")}, fresh)
     assert finals(fresh) != finals(whole)

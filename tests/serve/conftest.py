@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,25 +25,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from streamrag.serve.local_llm import SMOLLM2_FILE, LocalLLM
+from tests.e2e.conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / ".models" / SMOLLM2_FILE
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.005)
-    pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="session")
@@ -226,7 +210,7 @@ class ThreadedUvicorn:
 
     def __enter__(self) -> ThreadedUvicorn:
         self._thread.start()
-        wait_until(lambda: self.server.started, 30, "uvicorn to start")
+        wait_for(lambda: self.server.started, 30, "uvicorn to start")
         return self
 
     def __exit__(self, *exc: object) -> None:

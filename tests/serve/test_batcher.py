@@ -8,7 +8,7 @@ from pathlib import Path
 
 from streamrag.index.base import SearchFilter
 from streamrag.serve.batcher import QueryBatcher
-from tests.serve.conftest import wait_until
+from tests.e2e.conftest import wait_for
 from tests.serve.test_answer_api import make_service
 
 
@@ -31,14 +31,14 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
 
     async def scenario() -> list[int]:
         first = asyncio.ensure_future(batcher.retrieve("database password", 1, flt))
-        await asyncio.to_thread(wait_until, lambda: calls, 10, "the first embedding call")
+        await asyncio.to_thread(wait_for, lambda: calls, 10, "the first embedding call")
         rest = [
             asyncio.ensure_future(batcher.retrieve(q, 1, flt))
             for q in ("backups", "vault", "restart")
         ]
         # The idle worker takes the three queries and holds them: three are not worth
         # a second concurrent embedding call.
-        await asyncio.to_thread(wait_until, batcher._queue.empty, 10, "the queries taken")
+        await asyncio.to_thread(wait_for, batcher._queue.empty, 10, "the queries taken")
         released.set()
         gate.set()
         answers = await asyncio.gather(first, *rest)

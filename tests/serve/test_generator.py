@@ -22,7 +22,8 @@ from streamrag.runtime.metrics import Metrics
 from streamrag.serve.generator import ChatClient, CircuitBreaker, Delta
 from streamrag.serve.local_llm import LocalLLM
 from streamrag.testing import ManualClock
-from tests.serve.conftest import Reply, ScriptedLLM, chunks, completion, wait_until
+from tests.e2e.conftest import wait_for
+from tests.serve.conftest import Reply, ScriptedLLM, chunks, completion
 
 MESSAGES = [{"role": "user", "content": "Say one word."}]
 
@@ -245,7 +246,7 @@ def test_concurrency_is_limited_to_the_slots(scripted_llm: ScriptedLLM) -> None:
 
     async def scenario() -> None:
         calls = [asyncio.create_task(client.complete(MESSAGES)) for _ in range(3)]
-        await asyncio.to_thread(wait_until, lambda: scripted_llm.requests, 10, "a request")
+        await asyncio.to_thread(wait_for, lambda: scripted_llm.requests, 10, "a request")
         # One call holds the only slot; the others wait for it and have sent nothing.
         assert client._slots.locked()
         assert len(scripted_llm.requests) == 1

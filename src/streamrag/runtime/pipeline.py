@@ -58,7 +58,7 @@ from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import TokenSplitter, chunk_id, content_hash
 from streamrag.embed.base import Embedder
 from streamrag.embed.resilient import RetryPolicy, embed_resilient
-from streamrag.errors import EmbedderError, StreamragError
+from streamrag.errors import StreamragError
 from streamrag.eventtime import EventTimeStage, StageOutput, WatermarkTracker, WindowResult
 from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
 from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
@@ -141,7 +141,6 @@ class Pipeline:
         on_commit: Sequence[CommitHook] = (),
         on_window: Sequence[WindowHook] = (),
         resume: Mapping[str, int] | None = None,
-        event_time_state: Mapping[str, Any] | None = None,
         cursor: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
@@ -176,8 +175,6 @@ class Pipeline:
         )
         self.max_read_bytes = max_read_bytes
         self.event_time = event_time or EventTimeStage(WatermarkTracker(clock=clock))
-        if event_time_state is not None:
-            self.event_time.restore(dict(event_time_state))
         self.window_side_output = window_side_output
         self.metrics = metrics or Metrics()
         self.on_commit = list(on_commit)
@@ -289,23 +286,6 @@ class Pipeline:
                 self._gate.notify_all()
         return cursor, versions
 
-    def checkpoint(self) -> dict[str, Any]:
-        """Source positions and event-time state together, at a point where both agree.
-
-        Taken when nothing read is uncommitted (after a flush), the positions
-        say where to resume reading and the event-time state (watermark,
-        per-input maxima, every window) is exactly what those records produced;
-        pass them back as ``resume`` and ``event_time_state`` to continue.
-        (Every commit also writes a full cursor with the index; see the module doc.)
-        """
-        if self.uncommitted:
-            msg = (
-                f"{self.uncommitted} changes are read but not committed; flush before taking "
-                "a checkpoint, so that positions and window state describe the same records"
-            )
-            raise StreamragError(msg)
-        return {"positions": self.reader.snapshot(), "event_time": self.event_time.snapshot()}
-
     @property
     def watermark(self) -> Timestamp:
         """The pipeline watermark (minimum over active source partitions)."""
@@ -357,9 +337,10 @@ class Pipeline:
             self._drained = True
             self._idle_poll_us = now
             return 0
+        read = sum(len(r) for r in raws)
         if self._guard:
             raws = self._sift(raws, idle_since)
-        n = sum(len(r) for r in raws)
+        n = sum(len(r) for r in raws)  # read for the first time
         changes, letters = self.decoder.decode(raws)
         with self._stats_lock:
             self.stats.ingested += n
@@ -369,7 +350,7 @@ class Pipeline:
             self._windows(self.event_time.process(changes), changes)
             self._queue(changes, idle_since)
         self.metrics.pending.set(self.batcher.pending)
-        return max(n, 1)
+        return read
 
     def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> None:
         changes, prepared, letters = self._prepare(changes)
@@ -675,15 +656,19 @@ class Pipeline:
 
         cursor, versions = self._capture()
         applied = len(changes) - len(letters)
+        delta = {
+            "applied": applied,
+            "stale": stale,
+            "dead_lettered": len(letters),
+            "poison": len(letters),
+            "chunks_embedded": embedded,
+            "chunks_reused": len(reuse_slots),
+            "commits": 1,
+        }
         # The counts as they will be once this commit is in, written with it.
         counts = cursor["stats"]
-        counts["applied"] += applied
-        counts["stale"] += stale
-        counts["dead_lettered"] += len(letters)
-        counts["poison"] += len(letters)
-        counts["chunks_embedded"] += embedded
-        counts["chunks_reused"] += len(reuse_slots)
-        counts["commits"] += 1
+        for count, value in delta.items():
+            counts[count] += value
         # The audit record of this commit, in the same log record as its documents.
         upserts = sum(1 for d in docs if d.op == Op.UPSERT)
         cursor["audit"] = {
@@ -720,14 +705,10 @@ class Pipeline:
         self._last_commit_at = now
         st = self.stats
         stale += result.stale_docs
+        delta["stale"] = stale
         with self._stats_lock:
-            st.applied += applied
-            st.stale += stale
-            st.dead_lettered += len(letters)
-            st.poison += len(letters)
-            st.chunks_embedded += embedded
-            st.chunks_reused += len(reuse_slots)
-            st.commits += 1
+            for count, value in delta.items():
+                setattr(st, count, getattr(st, count) + value)
             st.last_commit_us = now
             st.last_freshness_us = now - pending.first_arrival_us
         m = self.metrics
@@ -766,15 +747,10 @@ class Pipeline:
             part = slots[lo : lo + step]
             # Measured on the injected clock, so a test's synthetic embedder can set it.
             started = self.clock.now_us()
-            try:
-                out = embed_resilient(
-                    self.embedder, [texts[s] for s in part], self.retry, sleep=self._sleep
-                )
-            except EmbedderError:
-                raise
-            except Exception as exc:
-                msg = f"embedder {self.embedder!r} failed: {type(exc).__name__}: {exc}"
-                raise EmbedderError(msg) from exc
+            # Raises EmbedderError when the embedder fails for every text.
+            out = embed_resilient(
+                self.embedder, [texts[s] for s in part], self.retry, sleep=self._sleep
+            )
             vectors[part] = out.vectors
             for j, reason in out.failed.items():
                 poisoned[part[j]] = reason
