@@ -203,8 +203,11 @@ class IndexSettings(_Frozen):
         description="'auto': HNSW for mid-size sealed segments, IVF-PQ for large ones; "
         "'exact': scan every segment exactly.",
     )
-    bucket_s: int = Field(
-        86_400, gt=0, description="Event-time bucket of a segment (time ranges prune buckets)."
+    history: Literal["full", "current"] = Field(
+        "full",
+        description="'full': every change is a version (as_of reads answer what the documents "
+        "said at any time within retention_s); 'current': keep only each document's newest "
+        "version (cheaper: superseded changes are not embedded; no as_of).",
     )
     seal_rows: int = Field(
         8192, gt=0, description="Rows of a growing (exactly searched) segment before it is sealed."

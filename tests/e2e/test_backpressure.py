@@ -76,7 +76,7 @@ source: {{path: {data}, max_read_bytes: {READ_BYTES}}}
 embedder: {{class: "tests.runtime.embedders:Slow", args: {{dim: 64, texts_per_s: {EMBED_RATE}}}}}
 batcher: {{max_batch_size: 64, max_pending: 512, max_pending_bytes: 1048576}}
 chunking: {{max_tokens: 128, tokens: words}}
-index: {{retention_s: 1, bucket_s: 3600}}
+index: {{retention_s: 1}}
 """,
         encoding="utf-8",
     )

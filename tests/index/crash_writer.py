@@ -21,7 +21,6 @@ from .reference import Change, make_batch
 
 DIM = 8
 SPEC = LsmSpec(
-    bucket_us=50,
     seal_rows=5,
     ann=AnnSpec(min_rows=2**62),
     compaction=CompactionSpec(fanout=2, seal_rows=5),

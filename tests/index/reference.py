@@ -1,9 +1,10 @@
 """A brute-force reference of the versioned index, and helpers to build commits.
 
-The reference keeps every applied chunk version as a plain Python row with its
-bitemporal stamps and answers queries by scoring every row it may see. It
-states the index's semantics in the fewest lines: last writer wins per
-document, deletes as tombstones, ``as_of`` / ``epoch`` reads within the
+The reference keeps the log of every change committed, with its epoch, and
+answers a query by working out, per document, which change is in force at the
+epoch and event time asked for, then scoring that change's chunks. It states
+the index's semantics in the fewest lines: every change is a version, the
+newest is current, deletes as tombstones, ``as_of`` / ``epoch`` reads within the
 retention window, rollback.
 """
 
@@ -68,77 +69,79 @@ def make_batch(changes: list[Change], dim: int) -> CommitBatch:
 
 
 @dataclass
-class Row:
-    tenant: str
-    doc: str
-    position: int
-    vector: np.ndarray
-    valid_from: int
-    offset: int
-    created: int
-    domain: str
-    metadata: dict[str, Any] | None
-    sup: int = NEVER
-    valid_to: int = NEVER
-
-
-@dataclass
 class Reference:
-    """The index's semantics, by brute force."""
+    """The index's semantics, by brute force over the log of every change it took.
+
+    As of event time T at epoch N, each document shows the change with the greatest
+    ``(time, offset)`` at or before T among those committed by N and not undone by a
+    rollback made by N; it exists iff that change is an upsert with chunks. With
+    ``history=False`` only changes newer than the current version are taken, and
+    ``as_of`` is refused.
+    """
 
     dim: int
     retention: int
+    history: bool = True
     epoch: int = 0
-    rows: list[Row] = field(default_factory=list)
-    docs: dict[tuple[str, str], tuple[tuple[int, int], bool, list[int]]] = field(
-        default_factory=dict
-    )
-    deletes: list[tuple[str, str, int, int, int]] = field(default_factory=list)
+    log: list[tuple[int, Change]] = field(default_factory=list)
+    undone: list[tuple[int, int, int]] = field(default_factory=list)  # lo, hi, made at
     high: int = MIN
     epoch_high: list[int] = field(default_factory=lambda: [MIN])
-    rolled_back: list[tuple[int, int]] = field(default_factory=list)
 
     def commit(self, changes: list[Change]) -> None:
         self.epoch += 1
         e = self.epoch
-        winners: dict[tuple[str, str], Change] = {}
+        taken = changes
+        if not self.history:
+            current = self.state(e - 1, NEVER)
+            newest: dict[tuple[str, str], Change] = {}
+            for c in changes:
+                key = (c.tenant, c.doc)
+                if key not in newest or (c.time, c.offset) > (newest[key].time, newest[key].offset):
+                    newest[key] = c
+            taken = [
+                c
+                for key, c in newest.items()
+                if key not in current or (c.time, c.offset) > _version(current[key])
+            ]
+        for c in taken:
+            self.log.append((e, c))
         for c in changes:
-            key = (c.tenant, c.doc)
-            w = winners.get(key)
-            if w is None or (c.time, c.offset) > (w.time, w.offset):
-                winners[key] = c
-        for key, c in winners.items():
-            version = (c.time, c.offset)
-            state = self.docs.get(key)
-            if state is not None and state[0] >= version:
-                continue
             self.high = max(self.high, c.time)
-            if state is not None:
-                for r in state[2]:
-                    self.rows[r].sup = e
-                    self.rows[r].valid_to = c.time
-            if c.op == Op.DELETE or not c.seeds:
-                self.docs[key] = (version, True, [])
-                self.deletes.append((c.tenant, c.doc, c.time, c.offset, e))
-                continue
-            ids = []
-            for p, s in enumerate(c.seeds):
-                ids.append(len(self.rows))
-                self.rows.append(
-                    Row(
-                        c.tenant,
-                        c.doc,
-                        p,
-                        unit(s, self.dim),
-                        c.time,
-                        c.offset,
-                        e,
-                        c.domain,
-                        c.metadata,
-                    )
-                )
-            self.docs[key] = (version, False, ids)
         self.epoch_high.append(self.high)
+
+    # -- what is in force --------------------------------------------------
+
+    def in_force(self, epoch: int) -> list[tuple[int, Change]]:
+        return [
+            (e, c)
+            for e, c in self.log
+            if e <= epoch and not any(lo <= e <= hi and at <= epoch for lo, hi, at in self.undone)
+        ]
+
+    def state(self, epoch: int, as_of: int) -> dict[tuple[str, str], Change]:
+        """Per document, the change in force at ``epoch`` as of event time ``as_of``."""
+        return {k: c for k, (_, c) in self._state(epoch, as_of).items()}
+
+    def _state(self, epoch: int, as_of: int) -> dict[tuple[str, str], tuple[int, Change]]:
+        best: dict[tuple[str, str], tuple[int, Change]] = {}
+        for e, c in self.in_force(epoch):
+            if c.time > as_of:
+                continue
+            key = (c.tenant, c.doc)
+            b = best.get(key)
+            if b is None or (c.time, c.offset) > _version(b[1]):
+                best[key] = (e, c)
+        return best
+
+    @property
+    def docs(self) -> dict[tuple[str, str], tuple[tuple[int, int], bool, list[np.ndarray]]]:
+        """The current version of every document: (version, deleted, chunk vectors)."""
+        out = {}
+        for key, c in self.state(self.epoch, NEVER).items():
+            gone = c.op == Op.DELETE or not c.seeds
+            out[key] = (_version(c), gone, [] if gone else [unit(s, self.dim) for s in c.seeds])
+        return out
 
     # -- what may be read --------------------------------------------------
 
@@ -151,30 +154,14 @@ class Reference:
     def readable(self, epoch: int) -> bool:
         if epoch > self.epoch or epoch < self.epoch_floor():
             return False
-        return not any(lo <= epoch <= hi for lo, hi in self.rolled_back)
+        return not any(lo <= epoch <= hi for lo, hi, _ in self.undone)
 
     def rollback(self, target: int) -> int:
         if not self.readable(target):
             raise IndexStoreError(f"cannot roll back to {target}")
         if target == self.epoch:
             return target
-        for r in self.rows:
-            if r.created > target:
-                r.sup, r.valid_to = r.created, r.valid_from
-            elif r.sup != NEVER and r.sup > target:
-                r.sup, r.valid_to = NEVER, NEVER
-        self.deletes = [d for d in self.deletes if d[4] <= target]
-        docs: dict[tuple[str, str], tuple[tuple[int, int], bool, list[int]]] = {}
-        for i, r in enumerate(self.rows):
-            if r.sup == NEVER:
-                key = (r.tenant, r.doc)
-                old = docs.get(key)
-                docs[key] = ((r.valid_from, r.offset), False, [*(old[2] if old else []), i])
-        for t, d, time, off, _ in self.deletes:
-            if (t, d) not in docs or docs[(t, d)][1]:
-                docs[(t, d)] = ((time, off), True, [])
-        self.docs = docs
-        self.rolled_back.append((target + 1, self.epoch))
+        self.undone.append((target + 1, self.epoch, self.epoch + 1))
         self.epoch += 1
         self.epoch_high.append(self.high)
         return self.epoch
@@ -185,28 +172,31 @@ class Reference:
         epoch = self.epoch if flt.epoch is None else flt.epoch
         if not self.readable(epoch):
             raise QueryError(f"epoch {epoch}")
-        if flt.as_of_us is not None and flt.as_of_us < self.history_floor():
+        if flt.as_of_us is not None and (not self.history or flt.as_of_us < self.history_floor()):
             raise QueryError("as_of")
         t = NEVER if flt.as_of_us is None else flt.as_of_us
         found = []
-        for r in self.rows:
-            if r.tenant != flt.tenant or r.created > epoch or r.valid_from > t:
+        for (tenant, doc), (e, c) in self._state(epoch, t).items():
+            if c.op == Op.DELETE or tenant != flt.tenant:
                 continue
-            if r.sup <= epoch and r.valid_to <= t:
+            if flt.domains is not None and c.domain not in flt.domains:
                 continue
-            if flt.domains is not None and r.domain not in flt.domains:
+            if flt.doc_ids is not None and doc not in flt.doc_ids:
                 continue
-            if flt.doc_ids is not None and r.doc not in flt.doc_ids:
+            if flt.start_us is not None and c.time < flt.start_us:
                 continue
-            if flt.start_us is not None and r.valid_from < flt.start_us:
+            if flt.end_us is not None and c.time >= flt.end_us:
                 continue
-            if flt.end_us is not None and r.valid_from >= flt.end_us:
+            if not all(_meta_ok(c.metadata, p) for p in flt.metadata):
                 continue
-            if not all(_meta_ok(r.metadata, p) for p in flt.metadata):
-                continue
-            found.append((r.tenant, r.doc, r.position, r.created, float(r.vector @ q)))
+            for p, s in enumerate(c.seeds):
+                found.append((tenant, doc, p, e, float(unit(s, self.dim) @ q)))
         found.sort(key=lambda x: -x[4])
         return epoch, found[:k]
+
+
+def _version(c: Change) -> tuple[int, int]:
+    return (c.time, c.offset)
 
 
 def _meta_ok(md: dict[str, Any] | None, pred: Any) -> bool:

@@ -96,7 +96,7 @@ source: {{path: {data}, max_read_bytes: 65536}}
 embedder: {{class: "tests.runtime.embedders:SelfKilling", args: {{dim: 64}}}}
 batcher: {{max_batch_size: 64, max_delay_ms: 5, adaptive: false}}
 event_time: {{max_out_of_orderness_ms: {BOUND_S * 1000}}}
-index: {{checkpoint_every: 16, seal_rows: 1024, bucket_s: 3600}}
+index: {{checkpoint_every: 16, seal_rows: 1024}}
 """,
         encoding="utf-8",
     )
@@ -173,7 +173,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_applies_nothing_twice(
     assert status["recovery"]["resumed_from_epoch"] is not None
 
     # The index: exactly what last-writer-wins over the input says.
-    settings = IndexSettings(checkpoint_every=16, seal_rows=1024, bucket_s=3600)
+    settings = IndexSettings(checkpoint_every=16, seal_rows=1024)
     index = LsmIndex(64, lsm_spec(settings), path=tmp_path / "state" / "index")
     try:
         rows = index.export()

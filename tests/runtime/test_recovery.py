@@ -74,9 +74,7 @@ class Job:
     opened: ClassVar[list[LsmIndex]] = []
 
     def __init__(self, state: Path, data: Path, clock: ManualClock, **kwargs: Any) -> None:
-        self.index = LsmIndex(
-            64, LsmSpec(bucket_us=24 * HOUR_US), path=state / "index", clock=clock
-        )
+        self.index = LsmIndex(64, LsmSpec(), path=state / "index", clock=clock)
         Job.opened.append(self.index)
         self.results: list[tuple[str, WindowResult]] = []
         kwargs.setdefault("max_batch_size", 8)
@@ -220,11 +218,11 @@ def test_cursor_survives_checkpoint_and_log_replay(tmp_path: Path) -> None:
     job.pipeline.run_until_caught_up(final=False)
     cursor = job.index.cursor
     # Reopened from the log alone (no checkpoint yet): the same cursor.
-    again = LsmIndex(64, LsmSpec(bucket_us=24 * HOUR_US), path=tmp_path / "state" / "index")
+    again = LsmIndex(64, LsmSpec(), path=tmp_path / "state" / "index")
     assert again.cursor == cursor
     again.abandon()
     job.index.close()  # a checkpoint: the cursor is written beside the manifest
-    third = LsmIndex(64, LsmSpec(bucket_us=24 * HOUR_US), path=tmp_path / "state" / "index")
+    third = LsmIndex(64, LsmSpec(), path=tmp_path / "state" / "index")
     assert third.cursor == cursor
     third.close()
     assert any(p.name.startswith("cursor-") for p in (tmp_path / "state" / "index").iterdir())

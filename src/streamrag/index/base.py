@@ -5,10 +5,13 @@ A micro-batch reaches the index as one :class:`CommitBatch`: a row per document
 included. The index applies it all at once and advances its **epoch** by one —
 readers see the whole batch or none of it.
 
-Per document the newest version wins: ``(event_time, offset)`` must be greater
-than the version the index holds (:class:`DocState`), else the operation is
-stale and ignored. A delete leaves a tombstone that keeps its version, so an
-older upsert that arrives later cannot bring the document back.
+Per document the newest version is current: a change whose ``(event_time,
+offset)`` is greater than the current version (:class:`DocState`) replaces it.
+A delete leaves a tombstone that keeps its version, so an older upsert that
+arrives later cannot bring the document back. An index that keeps history
+(the LSM index) files an older change in the document's past instead of
+ignoring it — see :mod:`streamrag.index.history`; one that does not (the exact
+index) ignores it as stale.
 
 A query says what it may see with a :class:`SearchFilter`: the tenant (always
 applied), domains, document ids, a range of event times, predicates on the
@@ -112,8 +115,12 @@ class CommitResult:
 
     epoch: int
     applied_docs: int
+    """Changes that became their document's current version."""
     stale_docs: int
+    """Changes that changed nothing a read can see (held already, or too old to keep)."""
     chunks_added: int
+    past_docs: int = 0
+    """Changes older than their document's current version, filed in its history."""
 
 
 @dataclass(slots=True)
@@ -262,7 +269,15 @@ class VectorIndex(Protocol):
         ...
 
     def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
-        """The version held for a document, or None if never seen."""
+        """The current version held for a document, or None if never seen."""
+        ...
+
+    def wants(self, tenant: str, doc_id: str, event_time: Timestamp, offset: int) -> bool:
+        """Whether committing a change with this version would change any answer.
+
+        The pipeline asks before embedding a change, so that a change read twice,
+        or one too old to matter, costs no embedding.
+        """
         ...
 
     def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:

@@ -1,17 +1,20 @@
 """Compaction: merge small sealed segments and drop history nobody can read any more.
 
 Sealing leaves many segments of ``seal_rows`` rows. Each one costs a search per
-query, so compaction merges them, tier by tier, within an event-time bucket: a
-segment's *tier* is how many times ``fanout`` its size is over ``seal_rows``,
-and when a bucket holds ``fanout`` segments of one tier they become one segment
-of the next. Every row is therefore rewritten about log_fanout(N / seal_rows)
-times, and each bucket keeps a few segments per tier.
+query, so compaction merges them, tier by tier: a segment's *tier* is how many
+times ``fanout`` its size is over ``seal_rows``, and ``fanout`` segments of one
+tier that are neighbours in event time become one segment of the next. Every
+row is therefore rewritten about log_fanout(N / seal_rows) times, and the index
+keeps a few segments per tier — however many years of event time they cover.
+Merging neighbours keeps each segment's range of event times narrow, so time
+ranges and ``as_of`` reads still skip most segments from their bounds.
 
-While merging, compaction drops the rows no query can see any more: rows
-superseded before the retained history (their ``valid_to`` is before the
-history floor and their stamp before the epoch floor, see
-:mod:`.manifest`), and rows a rollback undid. A segment where such rows make
-up ``drop_ratio`` of its rows is rewritten on its own even without partners.
+While merging, compaction drops the rows no query can see any more: rows whose
+interval ends before the retained history (their ``valid_to`` is before the
+history floor and their stamp before the epoch floor, see :mod:`.manifest`),
+rows replaced by a copy before the epoch floor, and rows a rollback undid. A
+segment where such rows make up ``drop_ratio`` of its rows is rewritten on its
+own even without partners.
 
 Compaction runs on the maintenance thread, off the commit path: it reads
 sealed segments (immutable) and builds the merged one and its ANN structure
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.index.segment import NEVER, Segment
+from streamrag.index.segment import Segment
 
 __all__ = ["CompactionSpec", "droppable", "plan"]
 
@@ -49,15 +52,15 @@ def droppable(
 ) -> npt.NDArray[np.bool_]:
     """Rows of ``[0, n)`` that no readable version can see.
 
-    A row superseded at epoch ``s`` with ``valid_to`` ``v`` is seen by a read at
-    epoch ``N`` as of ``T`` only if ``N < s`` or ``T < v``; reads need ``N ≥
-    epoch_floor`` and ``T ≥ history_floor``. A row a rollback undid carries
-    ``sup == created`` and is seen by no read at all.
+    A row with an end ``v`` from epoch ``s`` is seen by a read at epoch ``N`` as
+    of ``T`` only if ``N < s`` or ``T < v``, and a row killed at epoch ``d`` only
+    if ``N < d``; reads need ``N ≥ epoch_floor`` and ``T ≥ history_floor``. A row
+    a rollback undid carries ``dead == created`` and is seen by no read at all.
     """
-    sup = seg.sup[:n]
+    sup, dead = seg.sup[:n], seg.dead[:n]
     gone = (sup < epoch_floor) & (seg.valid_to[:n] < history_floor_us)
-    gone |= sup == seg.created[:n]
-    gone &= sup != NEVER
+    if seg.killed:
+        gone |= (dead <= epoch_floor) | (dead == seg.created[:n])
     return gone
 
 
@@ -76,45 +79,39 @@ def plan(
 ) -> list[list[Segment]]:
     """Groups of sealed segments to merge (a group of one is a rewrite that drops rows).
 
-    With ``force`` every bucket's sealed segments become one (up to the size cap).
+    Segments are taken in event-time order (by the earliest event time each
+    holds), so a group's members are neighbours in time. With ``force`` they
+    are merged into as few segments as the size cap allows.
     """
-    by_bucket: dict[int, list[Segment]] = defaultdict(list)
-    for seg in segments:
-        if seg.sealed and seg.n:
-            by_bucket[seg.bucket].append(seg)
+    segs = sorted((s for s in segments if s.sealed and s.n), key=lambda s: (s.min_valid_from, s.id))
     groups: list[list[Segment]] = []
-    for bucket in sorted(by_bucket):
-        segs = sorted(by_bucket[bucket], key=lambda s: (s.n, s.id))
-        taken: set[int] = set()
-        if force:
-            group: list[Segment] = []
-            total = 0
-            for s in segs:
-                if group and total + s.n > spec.max_segment_rows:
-                    if len(group) > 1:
-                        groups.append(group)
-                    group, total = [], 0
-                group.append(s)
-                total += s.n
-            if len(group) > 1 or (group and _dead_share(group[0], history_floor_us, epoch_floor)):
-                groups.append(group)
-            continue
-        tiers: dict[int, list[Segment]] = defaultdict(list)
+    if force:
+        group: list[Segment] = []
+        total = 0
         for s in segs:
-            tiers[tier(s.n, spec)].append(s)
-        for members in tiers.values():
-            while len(members) >= spec.fanout:
-                group = members[: spec.fanout]
-                members = members[spec.fanout :]
-                if sum(s.n for s in group) <= spec.max_segment_rows:
+            if group and total + s.n > spec.max_segment_rows:
+                if len(group) > 1 or _dead_share(group[0], history_floor_us, epoch_floor):
                     groups.append(group)
-                    taken.update(s.id for s in group)
-        for s in segs:
-            if (
-                s.id not in taken
-                and _dead_share(s, history_floor_us, epoch_floor) >= spec.drop_ratio
-            ):
-                groups.append([s])
+                group, total = [], 0
+            group.append(s)
+            total += s.n
+        if len(group) > 1 or (group and _dead_share(group[0], history_floor_us, epoch_floor)):
+            groups.append(group)
+        return groups
+    taken: set[int] = set()
+    tiers: dict[int, list[Segment]] = defaultdict(list)
+    for s in segs:
+        tiers[tier(s.n, spec)].append(s)
+    for members in tiers.values():
+        while len(members) >= spec.fanout:
+            group = members[: spec.fanout]
+            members = members[spec.fanout :]
+            if sum(s.n for s in group) <= spec.max_segment_rows:
+                groups.append(group)
+                taken.update(s.id for s in group)
+    for s in segs:
+        if s.id not in taken and _dead_share(s, history_floor_us, epoch_floor) >= spec.drop_ratio:
+            groups.append([s])
     return groups
 
 

@@ -177,6 +177,11 @@ class ExactIndex:
         """The version held for a document (writer side)."""
         return self._docs.get((tenant, doc_id))
 
+    def wants(self, tenant: str, doc_id: str, event_time: Timestamp, offset: int) -> bool:
+        """True when the change would be newer than the document's current version."""
+        state = self._docs.get((tenant, doc_id))
+        return state is None or (event_time, offset) > state.version
+
     def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
         """Copies of stored vectors (writer side)."""
         return self._cols.vectors[np.asarray(rows, dtype=np.int64)].copy()

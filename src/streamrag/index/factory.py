@@ -10,7 +10,6 @@ from streamrag.index.base import VectorIndex
 from streamrag.index.compaction import CompactionSpec
 from streamrag.index.exact import ExactIndex
 from streamrag.index.lsm import LsmIndex, LsmSpec
-from streamrag.index.search import SearchTuning
 from streamrag.timing import US_PER_S, Clock
 
 __all__ = ["build_index", "lsm_spec"]
@@ -22,12 +21,10 @@ _NO_ANN = 2**62
 def lsm_spec(settings: IndexSettings) -> LsmSpec:
     """The LSM index's spec from ``index.*`` settings.
 
-    >>> lsm_spec(IndexSettings(bucket_s=3600)).bucket_us
-    3600000000
+    >>> lsm_spec(IndexSettings(history="current")).history
+    False
     """
-    bucket_us = settings.bucket_s * US_PER_S
     return LsmSpec(
-        bucket_us=bucket_us,
         seal_rows=settings.seal_rows,
         ann=AnnSpec(
             min_rows=settings.ann_min_rows if settings.ann == "auto" else _NO_ANN,
@@ -45,7 +42,7 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
         retention_us=settings.retention_s * US_PER_S,
         checkpoint_every=settings.checkpoint_every,
         wal_fsync=settings.wal_fsync,
-        tuning=SearchTuning(bucket_us=bucket_us),
+        history=settings.history == "full",
     )
 
 

@@ -1,19 +1,24 @@
 """The versioned, time-aware vector index: an LSM of segments with MVCC epochs.
 
-Layout. Rows (one per chunk version) live in segments partitioned by event-time
-bucket (one day by default). Each bucket appends to one small *growing*
+Layout. Rows (one per chunk version) are appended to one small *growing*
 segment, searched exactly; at ``seal_rows`` rows it is sealed and the
 maintenance thread builds an ANN structure for it (:mod:`.ann`) and later merges
-it with its peers (:mod:`.compaction`). Nothing slow happens on the commit path.
+it with its neighbours in event time (:mod:`.compaction`). Segments are sized by
+rows, not by time, so a decade of history costs what its rows cost; queries skip
+segments from their bounds. Nothing slow happens on the commit path.
 
-Versions. A commit applies one micro-batch — last writer wins per document on
-``(event_time, offset)``; a newer version or a delete *stamps* the rows it
-supersedes with the commit's epoch and its own event time (see
-:mod:`.segment`) — and publishes an immutable :class:`~.manifest.Manifest` by
-swapping one reference. A query pins the manifest it starts with, so it reads
-exactly one epoch; it may also read an earlier ``epoch`` or the documents
-``as_of`` an event time, within the retained history. ``rollback(epoch)``
-makes an earlier epoch's documents current again as a new epoch.
+Versions. A commit applies one micro-batch and publishes an immutable
+:class:`~.manifest.Manifest` by swapping one reference. Every change becomes a
+version of its document (:mod:`.history`): a change newer than the current
+version replaces it (last writer wins on ``(event_time, offset)``), an older one
+— late, or beaten within its micro-batch — is inserted into the past, and the
+version before it gets an end in valid time (its rows are *stamped*, see
+:mod:`.segment`). A query pins the manifest it starts with, so it reads exactly
+one epoch; it may also read an earlier ``epoch`` or the documents ``as_of`` an
+event time, within the retained history. With ``history=False`` older changes
+are dropped as stale instead (today's state and epoch reads only).
+``rollback(epoch)`` makes an earlier epoch's documents current again as a new
+epoch.
 
 Persistence (when opened on a directory). Each commit is appended to the
 write-ahead log (:mod:`.wal`) and fsynced before it is published. A checkpoint
@@ -51,7 +56,6 @@ from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw, 
 from streamrag.index.base import (
     CommitBatch,
     CommitResult,
-    DocOp,
     DocState,
     Hit,
     IndexStats,
@@ -60,7 +64,9 @@ from streamrag.index.base import (
     merge_cursor,
 )
 from streamrag.index.compaction import CompactionSpec, droppable, plan
+from streamrag.index.history import Key, Versions
 from streamrag.index.manifest import Manifest
+from streamrag.index.pending import PendingRows
 from streamrag.index.search import SearchTuning, View, search_segments
 from streamrag.index.segment import NEVER, Rows, Segment
 from streamrag.index.store import (
@@ -94,7 +100,6 @@ _PROBE_SAMPLING = 8
 class LsmSpec:
     """Every knob of the LSM index (built from ``IndexSettings`` by the service)."""
 
-    bucket_us: int = 86_400 * US_PER_S
     seal_rows: int = 8192
     ann: AnnSpec = field(default_factory=AnnSpec)
     compaction: CompactionSpec = field(default_factory=CompactionSpec)
@@ -102,12 +107,14 @@ class LsmSpec:
     checkpoint_every: int = 256
     wal_fsync: bool = True
     tuning: SearchTuning = field(default_factory=SearchTuning)
+    history: bool = True
+    """Keep every change as a version (as_of reads); False keeps only the newest."""
 
     def __post_init__(self) -> None:
-        if self.bucket_us <= 0 or self.seal_rows <= 0 or self.retention_us < 0:
+        if self.seal_rows <= 0 or self.retention_us < 0:
             msg = (
-                f"bucket_us and seal_rows must be positive and retention_us not negative; "
-                f"found {self.bucket_us}, {self.seal_rows}, {self.retention_us}"
+                f"seal_rows must be positive and retention_us not negative; "
+                f"found {self.seal_rows}, {self.retention_us}"
             )
             raise IndexStoreError(msg)
 
@@ -161,10 +168,10 @@ class LsmIndex:
         self._path = Path(path) if path is not None else None
         self._lock = threading.RLock()  # the writer lock: commits and publishes
         self._maint = threading.RLock()  # one maintenance task at a time
-        self._docs: dict[tuple[str, str], DocState] = {}
+        self._versions = Versions()  # every document's current and older versions (writer)
         self._deletes: list[tuple[str, str, int, int, int]] = []  # tenant, doc, time, offset, epoch
         self._segments: dict[int, Segment] = {}
-        self._growing: dict[int, Segment] = {}
+        self._growing: Segment | None = None
         self._rid_seg = np.full(1024, -1, dtype=np.int64)
         self._rid_row = np.full(1024, -1, dtype=np.int64)
         self._next_rid = 0
@@ -250,8 +257,29 @@ class LsmIndex:
         return self._manifest.stats
 
     def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
-        """The version held for a document (writer side)."""
-        return self._docs.get((tenant, doc_id))
+        """The current version of a document (writer side)."""
+        return self._versions.current((tenant, doc_id))
+
+    def doc_history(self, tenant: str, doc_id: str) -> list[DocState]:
+        """Every version of a document still in the retained history, oldest first."""
+        key = (tenant, doc_id)
+        current = self._versions.current(key)
+        return [*self._versions.past(key), *([current] if current is not None else [])]
+
+    def wants(self, tenant: str, doc_id: str, event_time: Timestamp, offset: int) -> bool:
+        """Whether a change with this version would change any answer (before embedding it).
+
+        False for a version the index holds already (a change read twice), and
+        for one that no readable version could show: older than the current one
+        without history, or — with history — ending before the history floor.
+        """
+        key = (tenant, doc_id)
+        version = (event_time, offset)
+        if not self._spec.history:
+            current = self._versions.current(key)
+            return current is None or version > current.version
+        _, after, held = self._versions.neighbours(key, version)
+        return not held and not (after is not None and after.version[0] <= self._floor())
 
     def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
         """Copies of the vectors of current chunks, by the row ids :meth:`doc_state` gives."""
@@ -308,7 +336,7 @@ class LsmIndex:
                     int(seg.valid_from[r]),
                     seg.sources[r],
                     int(seg.offsets[r]),
-                    int(seg.created[r]),
+                    int(seg.committed[r]),
                     seg.embedders[r],
                     seg.metadata[r],
                 )
@@ -342,119 +370,142 @@ class LsmIndex:
     # -- applying a commit (the writer) ----------------------------------------
 
     def _apply(self, batch: CommitBatch, epoch: int, now: Timestamp) -> CommitResult:
-        docs = self._docs
-        winners: dict[tuple[str, str], tuple[tuple[int, int], DocOp]] = {}
-        for d in batch.docs:
-            key = (d.tenant, d.doc_id)
-            version = (d.event_time, d.offset)
-            other = winners.get(key)
-            if other is None or version > other[0]:
-                winners[key] = (version, d)
-        stale = len(batch.docs) - len(winners)
-        applied = 0
-        keep: list[int] = []
-        kept: list[DocOp] = []
-        stamp_rids: list[int] = []
-        stamp_times: list[int] = []
+        """Place every change of the batch in its document's history; publish ``epoch``.
+
+        Changes are taken per document in version order, so each one meets the
+        versions around it as they will be once the batch is in; the outcome
+        does not depend on the order of the batch or on how the stream was cut
+        into batches.
+        """
+        docs = batch.docs
+        versions = self._versions
+        history = self._spec.history
+        floor = self._floor()
+        order = sorted(
+            range(len(docs)),
+            key=lambda i: (docs[i].tenant, docs[i].doc_id, docs[i].event_time, docs[i].offset),
+        )
+        if not history:
+            # Only the newest change per document: the last of its run in version order.
+            order = [
+                i
+                for j, i in enumerate(order)
+                if j + 1 == len(order)
+                or (docs[order[j + 1]].tenant, docs[order[j + 1]].doc_id)
+                != (docs[i].tenant, docs[i].doc_id)
+            ]
+        stale = len(docs) - len(order)
+        applied = past = 0
+        pending = PendingRows(batch, epoch, self._next_rid)
         hashes = batch.hashes
         delete = Op.DELETE
-        rid = self._next_rid
         high = self._high
-        for key, (version, d) in winners.items():
-            state = docs.get(key)
-            if state is not None and state.version >= version:
-                stale += 1
+        for i in order:
+            d = docs[i]
+            key = (d.tenant, d.doc_id)
+            version = (d.event_time, d.offset)
+            before: DocState | None
+            after: DocState | None
+            if history:
+                before, after, held = versions.neighbours(key, version)
+            else:
+                before, after = versions.current(key), None
+                held = before is not None and before.version >= version
+            if held or (after is not None and after.version[0] <= floor):
+                stale += 1  # held already, or no readable version could show it
                 continue
-            applied += 1
-            high = max(high, d.event_time)
-            if state is not None:
-                if state.rows:
-                    stamp_rids.extend(state.rows)
-                    stamp_times.extend([d.event_time] * len(state.rows))
-                    self._live_chunks -= len(state.rows)
-                if state.deleted:
-                    self._deleted_docs -= 1
-                else:
-                    self._live_docs -= 1
+            if before is not None and before.rows:
+                self._end(before, d.event_time, pending)
             n = d.n_chunks
+            end = NEVER if after is None else after.version[0]
             if d.op == delete or n == 0:
-                docs[key] = DocState(version, deleted=True)
-                self._deleted_docs += 1
+                state = DocState(version, deleted=True)
                 self._deletes.append((d.tenant, d.doc_id, d.event_time, d.offset, epoch))
-                continue
-            first = d.first_chunk
-            keep.extend(range(first, first + n))
-            kept.append(d)
-            docs[key] = DocState(
-                version, False, list(range(rid, rid + n)), hashes[first : first + n]
-            )
-            rid += n
-            self._live_docs += 1
-        if stamp_rids:
-            self._stamp(np.asarray(stamp_rids, dtype=np.int64), epoch, np.asarray(stamp_times))
-        self._append(batch, keep, kept, epoch)
-        self._live_chunks += len(keep)
+            else:
+                first = d.first_chunk
+                state = DocState(
+                    version, False, pending.add_version(d, end), hashes[first : first + n]
+                )
+            if after is None:
+                applied += 1
+                high = max(high, d.event_time)
+                if before is not None:  # the version that was current until now
+                    if before.deleted:
+                        self._deleted_docs -= 1
+                    else:
+                        self._live_docs -= 1
+                        self._live_chunks -= len(before.rows)
+                if state.deleted:
+                    self._deleted_docs += 1
+                else:
+                    self._live_docs += 1
+                    self._live_chunks += n
+            else:
+                past += 1
+            versions.add(key, state)
+            if history and floor != MIN_TIMESTAMP:
+                versions.forget_before(key, floor)
+        added = len(pending)
+        rows = pending.rows()
+        self._next_rid = pending.next_rid
+        self._reserve_rids(self._next_rid)
+        if rows is not None:
+            self._place(rows)
         self._high = high
         self._publish(epoch, epoch - 1, now)
-        return CommitResult(epoch, applied, stale, len(keep))
+        return CommitResult(epoch, applied, stale, added, past)
 
-    def _stamp(self, rids: I64, epoch: int, times: I64) -> None:
-        segs = self._rid_seg[rids]
-        local = self._rid_row[rids]
+    def _end(self, state: DocState, valid_to: Timestamp, pending: PendingRows) -> None:
+        """Give a version an end in valid time from this commit on (its interval is split).
+
+        Rows without an end yet, or given one by this same commit, are stamped
+        in place; rows that had an earlier end are killed and copied with the
+        new one (see :mod:`.segment`).
+        """
+        rids = state.rows
+        if pending.holds(rids[0]):
+            pending.end(rids[0], valid_to)
+            return
+        arr = np.asarray(rids, dtype=np.int64)
+        segs = self._rid_seg[arr]
+        if (segs < 0).any():
+            return  # compacted away: its interval ended before the retained history
+        local = self._rid_row[arr]
+        epoch = pending.epoch
+        sup = int(self._segments[int(segs[0])].sup[local[0]])
+        if sup in (NEVER, epoch):
+            for sid in np.unique(segs).tolist():
+                sel = segs == sid
+                self._segments[sid].stamp(local[sel], epoch, valid_to)
+            return
+        parts: list[Rows] = []
+        where: list[npt.NDArray[np.int64]] = []
         for sid in np.unique(segs).tolist():
-            sel = segs == sid
-            self._segments[sid].stamp(local[sel], epoch, times[sel])
+            sel = np.flatnonzero(segs == sid)
+            seg = self._segments[sid]
+            parts.append(seg.take(local[sel]))
+            where.append(sel)
+            seg.kill(local[sel], epoch)
+        copies = Rows.concat(parts)
+        if len(parts) > 1:  # back into the version's row order
+            copies = copies.select(np.argsort(np.concatenate(where)))
+        state.rows = pending.add_copies(copies, valid_to)
 
-    def _append(self, batch: CommitBatch, keep: list[int], kept: list[DocOp], epoch: int) -> None:
-        m = len(keep)
-        if m == 0:
-            return
-        counts = [d.n_chunks for d in kept]
+    def _floor(self) -> Timestamp:
+        """The history floor: ``as_of`` before it is outside the retained history."""
+        if self._high == MIN_TIMESTAMP:
+            return MIN_TIMESTAMP
+        return max(MIN_TIMESTAMP, self._high - self._spec.retention_us)
 
-        def per_chunk(values: list[Any]) -> list[Any]:
-            if m == len(kept):
-                return values
-            return [v for v, c in zip(values, counts, strict=True) for _ in range(c)]
-
-        idx = np.asarray(keep, dtype=np.int64)
-        never = np.full(m, NEVER, dtype=np.int64)
-        rows = Rows(
-            vectors=np.ascontiguousarray(batch.vectors[idx], dtype=np.float32),
-            rids=np.arange(self._next_rid, self._next_rid + m, dtype=np.int64),
-            chunk_ids=batch.chunk_ids[idx],
-            positions=batch.positions[idx],
-            valid_from=np.repeat(np.asarray([d.event_time for d in kept], np.int64), counts),
-            offsets=np.repeat(np.asarray([d.offset for d in kept], np.int64), counts),
-            created=np.full(m, epoch, dtype=np.int64),
-            sup=never,
-            valid_to=never.copy(),
-            tenants=per_chunk([d.tenant for d in kept]),
-            doc_ids=per_chunk([d.doc_id for d in kept]),
-            domains=per_chunk([d.domain for d in kept]),
-            sources=per_chunk([d.source for d in kept]),
-            embedders=[batch.embedder_version] * m,
-            texts=[batch.texts[i] for i in keep],
-            hashes=[batch.hashes[i] for i in keep],
-            metadata=per_chunk([dict(d.metadata) if d.metadata else None for d in kept]),
-        )
-        self._next_rid += m
-        self._reserve_rids(self._next_rid)
-        buckets = rows.valid_from // self._spec.bucket_us
-        if buckets.min() == buckets.max():
-            self._place(int(buckets[0]), rows)
-            return
-        for b in np.unique(buckets).tolist():
-            self._place(int(b), rows.select(np.flatnonzero(buckets == b)))
-
-    def _place(self, bucket: int, rows: Rows) -> None:
-        """Append rows of one bucket to its growing segment, sealing it when full."""
+    def _place(self, rows: Rows) -> None:
+        """Append rows to the growing segment, sealing it (and starting another) when full."""
         done = 0
         total = len(rows)
         while done < total:
-            seg = self._growing.get(bucket)
+            seg = self._growing
             if seg is None:
-                seg = Segment(self._new_seg_id(), bucket, self._dim, self._spec.seal_rows)
-                self._growing[bucket] = seg
+                seg = Segment(self._new_seg_id(), self._dim, self._spec.seal_rows)
+                self._growing = seg
                 self._segments[seg.id] = seg
             take = min(seg.room, total - done)
             part = rows if take == total else rows.select(np.arange(done, done + take))
@@ -468,8 +519,8 @@ class LsmIndex:
 
     def _seal(self, seg: Segment) -> None:
         seg.seal()
-        if self._growing.get(seg.bucket) is seg:
-            del self._growing[seg.bucket]
+        if self._growing is seg:
+            self._growing = None
         self._needs_checkpoint = True
 
     def _new_seg_id(self) -> int:
@@ -501,10 +552,7 @@ class LsmIndex:
         self, epoch: int, parent: int | None, now: Timestamp, restored_from: int | None = None
     ) -> Manifest:
         views = self._views()
-        if self._high == MIN_TIMESTAMP:
-            floor = MIN_TIMESTAMP
-        else:
-            floor = max(MIN_TIMESTAMP, self._high - self._spec.retention_us)
+        floor = self._floor()
         window = int(np.searchsorted(self._epoch_high[: epoch + 1], floor, side="left"))
         stats = IndexStats(
             epoch=epoch,
@@ -523,6 +571,7 @@ class LsmIndex:
             epoch_floor=min(epoch, max(self._compacted_floor, window)),
             rolled_back=self._rolled_back,
             restored_from=restored_from,
+            history=self._spec.history,
         )
 
     def _views(self) -> tuple[View, ...]:
@@ -556,8 +605,8 @@ class LsmIndex:
     def seal_all(self) -> None:
         """Seal every growing segment now (before a bulk compaction, or a rollback)."""
         with self._lock:
-            for seg in list(self._growing.values()):
-                self._seal(seg)
+            if self._growing is not None:
+                self._seal(self._growing)
             self._republish()
 
     def maintain(self) -> bool:
@@ -664,7 +713,7 @@ class LsmIndex:
             self._needs_checkpoint = True
 
     def compact(self, *, force: bool = False) -> bool:
-        """Merge segments the policy picks (every bucket into one with ``force``)."""
+        """Merge segments the policy picks: neighbours in event time (all with ``force``)."""
         did = False
         with self._maint:
             with self._lock:
@@ -688,7 +737,7 @@ class LsmIndex:
         rows = Rows.concat([s.take(k) for s, k in zip(group, keeps, strict=True)])
         with self._lock:
             seg_id = self._new_seg_id()
-        merged = Segment.from_rows(seg_id, group[0].bucket, rows, sealed=True)
+        merged = Segment.from_rows(seg_id, rows, sealed=True)
         kind = choose_ann(merged.n, self._spec.ann)
         if kind is not None:
             merged.ann = build_ann(kind, merged.vectors[: merged.n], self._spec.ann)
@@ -704,8 +753,9 @@ class LsmIndex:
             for s, k in zip(group, keeps, strict=True):
                 merged.sup[off : off + k.size] = s.sup[k]
                 merged.valid_to[off : off + k.size] = s.valid_to[k]
+                merged.dead[off : off + k.size] = s.dead[k]
                 off += k.size
-            merged.stamped = int(np.count_nonzero(merged.sup[: merged.n] != NEVER))
+            merged.refresh_bounds()
             for s in group:
                 dropped = np.setdiff1d(s.rids[: s.n], merged.rids[: merged.n], assume_unique=True)
                 self._rid_seg[dropped] = -1
@@ -737,21 +787,28 @@ class LsmIndex:
             latest = man.epoch
             if epoch == latest:
                 return latest
-            for seg in list(self._growing.values()):
-                self._seal(seg)
+            if self._growing is not None:
+                self._seal(self._growing)
             for sid, seg in list(self._segments.items()):
                 n = seg.n
                 created = seg.created[:n]
+                sup, dead = seg.sup[:n], seg.dead[:n]
+                # Rows written after ``epoch`` are undone: never seen by any read
+                # (``dead == created`` marks them for compaction). Ends and kills
+                # after ``epoch`` are taken back.
                 undo = created > epoch
-                revive = ~undo & (seg.sup[:n] > epoch) & (seg.sup[:n] != NEVER)
-                if not (undo.any() or revive.any()):
+                unstamp = ~undo & (sup > epoch) & (sup != NEVER)
+                revive = ~undo & (dead > epoch) & (dead != NEVER)
+                if not (undo.any() or unstamp.any() or revive.any()):
                     continue
                 clone = seg.with_new_stamps()
                 clone.sup[:n][undo] = created[undo]
                 clone.valid_to[:n][undo] = seg.valid_from[:n][undo]
-                clone.sup[:n][revive] = NEVER
-                clone.valid_to[:n][revive] = NEVER
-                clone.stamped = int(np.count_nonzero(clone.sup[:n] != NEVER))
+                clone.dead[:n][undo] = created[undo]
+                clone.sup[:n][unstamp] = NEVER
+                clone.valid_to[:n][unstamp] = NEVER
+                clone.dead[:n][revive] = NEVER
+                clone.refresh_bounds()
                 self._segments[sid] = clone
             self._deletes = [d for d in self._deletes if d[4] <= epoch]
             self._rebuild_docs()
@@ -764,17 +821,19 @@ class LsmIndex:
             return latest + 1
 
     def _rebuild_docs(self) -> None:
-        """Documents and counts from the current rows and the delete log.
+        """Every document's versions and the counts, from the rows and the delete log.
 
-        Column-wise: the current rows of every segment are gathered, ordered by
-        document and position with one sort, and cut into documents.
+        Column-wise: the rows every read at the latest epoch may see are
+        gathered, ordered by document, version and position with one sort, and
+        cut into versions; the deletes are merged in. Each document's newest
+        version is its current one.
         """
-        keys: list[tuple[str, str]] = []
+        keys: list[Key] = []
         cols: list[tuple[npt.NDArray[Any], ...]] = []
         hashes: list[bytes] = []
         for seg in self._segments.values():
             n = seg.n
-            rows = np.flatnonzero(seg.sup[:n] == NEVER)
+            rows = np.flatnonzero(seg.dead[:n] == NEVER) if seg.killed else np.arange(n)
             if not rows.size:
                 continue
             tenants, doc_ids, seg_hashes = seg.tenants, seg.doc_ids, seg.hashes
@@ -784,20 +843,21 @@ class LsmIndex:
             cols.append(
                 (seg.positions[rows], seg.rids[rows], seg.valid_from[rows], seg.offsets[rows])
             )
-        docs: dict[tuple[str, str], DocState] = {}
-        chunks = len(keys)
-        if chunks:
-            codes_of: dict[tuple[str, str], int] = {}
+        found: dict[Key, list[DocState]] = {}
+        total = len(keys)
+        if total:
+            codes_of: dict[Key, int] = {}
             codes = np.fromiter(
-                (codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, chunks
+                (codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, total
             )
             positions, rids, valid_from, offsets = (
                 np.concatenate([c[f] for c in cols]) for f in range(4)
             )
-            order = np.lexsort((positions, codes))
-            sorted_codes = codes[order]
-            starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
-            ends = np.r_[starts[1:], chunks].tolist()
+            order = np.lexsort((positions, offsets, valid_from, codes))
+            c, t, o = codes[order], valid_from[order], offsets[order]
+            cut = np.r_[True, (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (o[1:] != o[:-1])]
+            starts = np.flatnonzero(cut)
+            ends = np.r_[starts[1:], total].tolist()
             firsts = order[starts]
             first_t = valid_from[firsts].tolist()
             first_o = offsets[firsts].tolist()
@@ -805,18 +865,26 @@ class LsmIndex:
             hash_list = [hashes[i] for i in order.tolist()]
             for g, (lo, hi) in enumerate(zip(starts.tolist(), ends, strict=True)):
                 key = keys[int(firsts[g])]
-                docs[key] = DocState(
-                    (first_t[g], first_o[g]), False, rid_list[lo:hi], hash_list[lo:hi]
-                )
-        live = len(docs)
-        for tenant, doc_id, t, off, _ in self._deletes:
-            key = (tenant, doc_id)
-            state = docs.get(key)
-            if state is None or state.deleted:
-                docs[key] = DocState((t, off), deleted=True)
-        self._docs = docs
+                state = DocState((first_t[g], first_o[g]), False, rid_list[lo:hi], hash_list[lo:hi])
+                found.setdefault(key, []).append(state)
+        for tenant, doc_id, t_del, off, _ in self._deletes:
+            found.setdefault((tenant, doc_id), []).append(DocState((t_del, off), deleted=True))
+        versions = Versions()
+        floor = self._floor()
+        live = chunks = 0
+        for key, states in found.items():
+            states.sort(key=lambda st: st.version)
+            current = states[-1]
+            versions.set_current(key, current)
+            versions.set_past(key, states[:-1])
+            if floor != MIN_TIMESTAMP:
+                versions.forget_before(key, floor)
+            if not current.deleted:
+                live += 1
+                chunks += len(current.rows)
+        self._versions = versions
         self._live_docs = live
-        self._deleted_docs = len(docs) - live
+        self._deleted_docs = len(versions) - live
         self._live_chunks = chunks
 
     # -- persistence -------------------------------------------------------------
@@ -862,7 +930,7 @@ class LsmIndex:
                     "parent": man.parent,
                     "restored_from": man.restored_from,
                     "dim": self._dim,
-                    "bucket_us": self._spec.bucket_us,
+                    "history": self._spec.history,
                     "next_rid": self._next_rid,
                     "next_segment": self._next_seg,
                     "high": self._high,
@@ -876,7 +944,7 @@ class LsmIndex:
                 self._needs_checkpoint = False
             segments = []
             keep = {wal.current.name if wal.current else ""}
-            stamp_rids, stamp_sup, stamp_vt = [], [], []
+            stamp_rids, stamp_sup, stamp_vt, stamp_dead = [], [], [], []
             for view in man.views:
                 seg, n = view.segment, view.rows
                 if seg.sealed and n == seg.n:
@@ -896,22 +964,26 @@ class LsmIndex:
                 segments.append(
                     {
                         "id": seg.id,
-                        "bucket": seg.bucket,
                         "rows": n,
                         "file": name,
                         "sealed": seg.sealed and n == seg.n,
                         "ann": seg.ann_file if seg.sealed else None,
                     }
                 )
+                # Stamps as of the checkpoint's epoch: later ones are in the log.
+                # (A kill always follows its row's first stamp, so sup ≤ dead.)
                 loc = np.flatnonzero(seg.sup[:n] <= epoch)
                 stamp_rids.append(seg.rids[loc])
                 stamp_sup.append(seg.sup[loc])
                 stamp_vt.append(seg.valid_to[loc])
+                dead = seg.dead[loc]
+                stamp_dead.append(np.where(dead <= epoch, dead, NEVER))
             tables: dict[str, dict[str, Any]] = {
                 "stamps": {
                     "rid": np.concatenate([np.zeros(0, np.int64), *stamp_rids]),
                     "sup": np.concatenate([np.zeros(0, np.int64), *stamp_sup]),
                     "valid_to": np.concatenate([np.zeros(0, np.int64), *stamp_vt]),
+                    "dead": np.concatenate([np.zeros(0, np.int64), *stamp_dead]),
                 },
                 "deletes": {
                     "tenant": [d[0] for d in deletes],
@@ -976,12 +1048,6 @@ class LsmIndex:
                 f"makes {self._dim}; point state_dir elsewhere or delete {path} to start over"
             )
             raise IndexStoreError(msg)
-        if body["bucket_us"] != self._spec.bucket_us:
-            msg = (
-                f"the index in {path} was built with time buckets of {body['bucket_us']} µs, "
-                f"not {self._spec.bucket_us}; keep index.bucket_s as it was or rebuild the index"
-            )
-            raise IndexStoreError(msg)
         self._next_rid = body["next_rid"]
         self._next_seg = body["next_segment"]
         self._reserve_rids(self._next_rid)
@@ -989,7 +1055,6 @@ class LsmIndex:
             rows = read_rows(path / entry["file"], self._dim)
             seg = Segment.from_rows(
                 entry["id"],
-                entry["bucket"],
                 rows,
                 sealed=entry["sealed"],
                 capacity=0 if entry["sealed"] else self._spec.seal_rows,
@@ -1004,19 +1069,35 @@ class LsmIndex:
                         self._failed_ann.add(seg.id)
                     else:
                         seg.ann_file = entry["ann"]
+            elif self._growing is None or self._growing.id < seg.id:
+                # One growing segment (format 1 had one per day: the others are sealed).
+                if self._growing is not None:
+                    self._growing.seal()
+                self._growing = seg
             else:
-                self._growing[seg.bucket] = seg
+                seg.seal()
             self._segments[seg.id] = seg
             self._rid_seg[rows.rids] = seg.id
             self._rid_row[rows.rids] = np.arange(seg.n)
         stamps = read_table(path / body["stamps"])
-        if stamps["rid"].size:
-            self._stamp(stamps["rid"], 0, stamps["valid_to"])  # places valid_to; sup below
-            segs = self._rid_seg[stamps["rid"]]
-            local = self._rid_row[stamps["rid"]]
+        rids = stamps["rid"]
+        if rids.size:
+            dead = stamps.get("dead")
+            if dead is None:  # format 1: a row a rollback undid carries sup == created
+                created = np.empty_like(rids)
+                for sid, seg in self._segments.items():
+                    sel = self._rid_seg[rids] == sid
+                    created[sel] = seg.created[self._rid_row[rids[sel]]]
+                dead = np.where(stamps["sup"] == created, created, NEVER)
+            segs = self._rid_seg[rids]
+            local = self._rid_row[rids]
             for sid in np.unique(segs).tolist():
                 sel = segs == sid
-                self._segments[sid].sup[local[sel]] = stamps["sup"][sel]
+                seg = self._segments[sid]
+                seg.sup[local[sel]] = stamps["sup"][sel]
+                seg.valid_to[local[sel]] = stamps["valid_to"][sel]
+                seg.dead[local[sel]] = dead[sel]
+                seg.refresh_bounds()
         deletes = read_table(path / body["deletes"])
         self._deletes = list(
             zip(

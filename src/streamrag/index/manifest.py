@@ -47,6 +47,8 @@ class Manifest:
     """Inclusive ranges of epochs undone by rollbacks."""
     restored_from: int | None = None
     """For the manifest a rollback made: the epoch whose documents it restored."""
+    history: bool = True
+    """False when the index keeps only each document's newest version (no ``as_of``)."""
 
     def read_spec(self, flt: SearchFilter) -> ReadSpec:
         """Check the version a filter asks for against this manifest and compile it."""
@@ -71,6 +73,13 @@ class Manifest:
                 )
                 raise QueryError(msg)
         as_of = NEVER
+        if flt.as_of_us is not None and not self.history:
+            msg = (
+                "as_of needs the documents' history, and this index keeps only their newest "
+                "versions (index.history: current); set index.history: full and replay the "
+                "input, or ask without as_of"
+            )
+            raise QueryError(msg)
         if flt.as_of_us is not None:
             if flt.as_of_us < self.history_floor_us:
                 msg = (

@@ -2,11 +2,13 @@
 
 A query runs against the segments of the manifest it pinned, each in three steps:
 
-1. **Prune** whole segments from their bounds alone: the event-time bucket and
-   the range of event times it holds (``time_range``, ``as_of``), the epochs it
-   was committed in (``epoch``) and the tenants it contains. A query for one
-   day of a 30-day index touches one bucket's segments and scans no vector of
-   the others.
+1. **Prune** whole segments from their bounds alone: the range of event times
+   it holds (``time_range``, ``as_of``), the epochs it was committed in
+   (``epoch``), the tenants it contains, and how much of it is history: a
+   segment whose every row had ended by the epoch read (and, for ``as_of`` T,
+   ended at or before T) holds nothing that read can see. So a query for one day
+   of a ten-year index scans the segments around that day, and a query of the
+   current documents skips segments that hold only superseded versions.
 2. **Pre-filter** the rows of each remaining segment in columns
    (:meth:`~streamrag.index.segment.Segment.mask`): version, tenant, domains,
    doc ids, time range and metadata.
@@ -46,7 +48,6 @@ class SearchTuning:
 
     exact_max_rows: int = 4096
     min_ann_share: float = 0.02
-    bucket_us: int = 86_400_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ def search_segments(
     parts: list[_Found] = []
     for view in views:
         seg, n = view.segment, view.rows
-        if n == 0 or _pruned(seg, spec, tuning.bucket_us):
+        if n == 0 or _pruned(seg, spec):
             continue
         found = _search_one(seg, n, queries, k, spec, latest_epoch, tuning)
         if found is not None:
@@ -116,7 +117,7 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
         positions = one.positions[flat_rows].tolist()
         times = one.valid_from[flat_rows].tolist()
         offsets = one.offsets[flat_rows].tolist()
-        epochs = one.created[flat_rows].tolist()
+        epochs = one.committed[flat_rows].tolist()
     else:
         cols = np.empty((5, flat_rows.size), dtype=np.int64)
         for g, seg in enumerate(segs):
@@ -126,7 +127,7 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
             cols[1, sel] = seg.positions[picked]
             cols[2, sel] = seg.valid_from[picked]
             cols[3, sel] = seg.offsets[picked]
-            cols[4, sel] = seg.created[picked]
+            cols[4, sel] = seg.committed[picked]
         chunk_ids, positions, times, offsets, epochs = cols.tolist()
     rows_l = flat_rows.tolist()
     which_l = flat_which.tolist()
@@ -172,19 +173,23 @@ class _Found:
     ordered: bool = False  # best first in every row, -inf entries last
 
 
-def _pruned(seg: Segment, spec: ReadSpec, bucket_us: int) -> bool:
+def _pruned(seg: Segment, spec: ReadSpec) -> bool:
     """True when no row of the segment can match, judged from its bounds alone."""
     if seg.min_created > spec.epoch:
         return True
     if spec.as_of != NEVER and seg.min_valid_from > spec.as_of:
         return True
-    if spec.start_us is not None and (
-        seg.max_valid_from < spec.start_us or (seg.bucket + 1) * bucket_us <= spec.start_us
+    # Every row has an end by this epoch, and (as of T) before T. The count is
+    # read first: the writer updates it after the bounds it is judged with.
+    if (
+        seg.stamped == seg.n
+        and seg.last_stamp <= spec.epoch
+        and (spec.as_of == NEVER or seg.max_valid_to <= spec.as_of)
     ):
         return True
-    if spec.end_us is not None and (
-        seg.min_valid_from >= spec.end_us or seg.bucket * bucket_us >= spec.end_us
-    ):
+    if spec.start_us is not None and seg.max_valid_from < spec.start_us:
+        return True
+    if spec.end_us is not None and seg.min_valid_from >= spec.end_us:
         return True
     return spec.tenant not in seg.tenant_codes.codes
 

@@ -1,28 +1,42 @@
 """Segments: the unit of storage of the LSM index.
 
-A segment holds chunk rows of one event-time bucket: their vectors and their
-columns (ids, event times, tenant, domain, text, metadata, ...). Rows are only
-ever appended. A **growing** segment takes the rows of new commits and is
-searched exactly; when it holds ``seal_rows`` rows it is **sealed**: its rows
-never change again, and an ANN structure is built for it in the background.
+A segment holds chunk rows: their vectors and their columns (ids, event times,
+tenant, domain, text, metadata, ...). Rows are only ever appended. A
+**growing** segment takes the rows of new commits and is searched exactly;
+when it holds ``seal_rows`` rows it is **sealed**: its rows never change
+again, and an ANN structure is built for it in the background. Segments are
+sized by rows, not by time: one covers as much event time as its rows span,
+and a query skips it from the bounds it keeps (the event times it holds, the
+epochs that wrote it, how much of it is history).
 
-What does change is each row's two *stamps*:
+Every row is one chunk of one version of a document and *bitemporal*: it has a
+valid time (``valid_from`` … ``valid_to``: when the version was the
+document's state, in event time) and a transaction time (the epochs in which
+the index knew it so). What changes after a row is written are its stamps:
 
-- ``sup`` — the epoch whose commit superseded the row (a newer version of its
-  document, or a delete); :data:`NEVER` while the row is current;
-- ``valid_to`` — the event time of that newer version or delete.
+- ``sup`` — the epoch from which the row has an end in valid time
+  (:data:`NEVER` while its version is the document's newest), and
+- ``valid_to`` — that end: the event time of the next version or delete.
+- ``dead`` — the epoch from which the row is not read at all (:data:`NEVER`
+  unless a later change replaced it with a copy, see below).
 
-Together with ``created`` (the epoch that committed the row) and
-``valid_from`` (the event time of its version) they make every row
-*bitemporal*. A read at epoch ``N``, as of event time ``T``, sees a row iff::
+A read at epoch ``N``, as of event time ``T``, sees a row iff::
 
-    created ≤ N  and  valid_from ≤ T  and  not (sup ≤ N and valid_to ≤ T)
+    created ≤ N < dead  and  valid_from ≤ T  and  not (sup ≤ N and valid_to ≤ T)
 
-(``T`` = +∞ for "as things are now": then the last clause is ``sup > N``).
-A stamp only ever goes from NEVER to an epoch later than every epoch published
-so far, so writing it in place never changes what a reader of an earlier epoch
-sees: one pair of arrays holds the tombstone sets of every epoch at once, and a
-commit costs no copy.
+(``T`` = +∞ for "as things are now": then the last clause is ``sup > N``, and
+``dead`` never matters because a row is only ever killed after it was stamped).
+A stamp is only ever written with an epoch later than every epoch published so
+far, so writing it in place never changes what a reader of an earlier epoch
+sees: one set of arrays holds the versions of every epoch at once, and a commit
+costs no copy.
+
+A row's end in valid time can only move earlier as more changes arrive (a late
+change splits the interval it falls in). The first end is stamped in place;
+for a later one the row is killed (``dead``) and a copy carrying the new end is
+appended — rare, since it takes a late change landing inside an interval that
+was already closed. A copy's ``created`` is the epoch that made it; its
+``committed`` stays the epoch that committed the version (what a hit cites).
 """
 
 from __future__ import annotations
@@ -86,8 +100,10 @@ class Rows:
     valid_from: I64
     offsets: I64
     created: I64
+    committed: I64
     sup: I64
     valid_to: I64
+    dead: I64
     tenants: list[str]
     doc_ids: list[str]
     domains: list[str]
@@ -122,8 +138,19 @@ class Rows:
         return Rows(vectors=np.concatenate([b.vectors for b in blocks]), **cols)
 
 
-_ARRAYS = ("rids", "chunk_ids", "positions", "valid_from", "offsets", "created", "sup", "valid_to")
-_NEVER_FILLED = frozenset({"created", "sup", "valid_to"})
+_ARRAYS = (
+    "rids",
+    "chunk_ids",
+    "positions",
+    "valid_from",
+    "offsets",
+    "created",
+    "committed",
+    "sup",
+    "valid_to",
+    "dead",
+)
+_NEVER_FILLED = frozenset({"created", "sup", "valid_to", "dead"})
 _FIRST_ROWS = 256
 """Rows a new segment allocates; it doubles from there up to its capacity."""
 _LISTS = ("tenants", "doc_ids", "domains", "sources", "embedders", "texts", "hashes", "metadata")
@@ -158,19 +185,18 @@ class _Codes:
 
 
 class Segment:
-    """Rows of one event-time bucket; growing (appended to) until sealed.
+    """Rows of chunk versions; growing (appended to) until sealed.
 
     One writer appends and stamps; readers see rows ``[0, n)`` of the manifest
     they pinned, so rows appended later are invisible to them.
     """
 
-    def __init__(self, seg_id: int, bucket: int, dim: int, capacity: int) -> None:
+    def __init__(self, seg_id: int, dim: int, capacity: int) -> None:
         self.id = seg_id
-        self.bucket = bucket
         self.dim = dim
         self.capacity = capacity  # rows it may hold before it is sealed
-        # Columns start small and double as rows arrive: an index spread over many
-        # time buckets holds many growing segments, most of them nearly empty.
+        # Columns start small and double as rows arrive: a small index, or one
+        # that commits rarely, need not hold a whole segment's worth of memory.
         alloc = min(capacity, _FIRST_ROWS)
         self.alloc = alloc
         self.n = 0
@@ -185,8 +211,10 @@ class Segment:
         self.valid_from: I64 = np.zeros(alloc, dtype=np.int64)
         self.offsets: I64 = np.zeros(alloc, dtype=np.int64)
         self.created: I64 = np.full(alloc, NEVER, dtype=np.int64)
+        self.committed: I64 = np.zeros(alloc, dtype=np.int64)
         self.sup: I64 = np.full(alloc, NEVER, dtype=np.int64)
         self.valid_to: I64 = np.full(alloc, NEVER, dtype=np.int64)
+        self.dead: I64 = np.full(alloc, NEVER, dtype=np.int64)
         self.tenants: list[str] = []
         self.doc_ids: list[str] = []
         self.domains: list[str] = []
@@ -202,7 +230,10 @@ class Segment:
         self.max_created = -1
         self.min_valid_from = NEVER
         self.max_valid_from = -(2**63)
-        self.stamped = 0  # rows superseded so far (at the latest epoch)
+        self.stamped = 0  # rows with an end in valid time so far (at the latest epoch)
+        self.killed = 0  # rows replaced by a copy (``dead`` set)
+        self.last_stamp = -1  # the latest epoch any stamp carries
+        self.max_valid_to = -(2**63)  # the latest end any stamped row has
         self.text_bytes = 0
         self._meta_cache: dict[tuple[str, int], tuple[dict[tuple[str, Any], int], Any, Any]] = {}
 
@@ -236,9 +267,19 @@ class Segment:
         self.max_created = max(self.max_created, int(rows.created.max()))
         self.min_valid_from = min(self.min_valid_from, int(rows.valid_from.min()))
         self.max_valid_from = max(self.max_valid_from, int(rows.valid_from.max()))
-        self.stamped += int(np.count_nonzero(rows.sup != NEVER))
         self.text_bytes += sum(map(len, rows.texts))
+        # Bounds first, then ``n``, then the counts: a reader judging "every row
+        # has an end" from ``stamped == n`` never sees the count of rows it lacks.
+        stamped = rows.sup != NEVER
+        killed = rows.dead != NEVER
+        if stamped.any():
+            self.last_stamp = max(self.last_stamp, int(rows.sup[stamped].max()))
+            self.max_valid_to = max(self.max_valid_to, int(rows.valid_to[stamped].max()))
+        if killed.any():
+            self.last_stamp = max(self.last_stamp, int(rows.dead[killed].max()))
         self.n = hi
+        self.stamped += int(np.count_nonzero(stamped))
+        self.killed += int(np.count_nonzero(killed))
 
     def _grow(self, rows: int) -> None:
         """Reallocate the columns for at least ``rows`` rows (doubling, up to capacity).
@@ -264,10 +305,40 @@ class Segment:
         self.alloc = new
 
     def stamp(self, local: I64, epoch: int, valid_to: I64 | int) -> None:
-        """Mark rows superseded by ``epoch`` at event time ``valid_to`` (in place; module doc)."""
+        """Give rows an end in valid time from ``epoch`` on (in place; module doc).
+
+        Rows stamped before ``epoch`` must not be given another end here: that
+        is a kill and a copy (:meth:`kill`). Rows stamped in ``epoch`` itself
+        may be: no reader sees that epoch yet.
+        """
+        fresh = int(np.count_nonzero(self.sup[local] == NEVER))
         self.valid_to[local] = valid_to
         self.sup[local] = epoch
-        self.stamped += int(local.shape[0])
+        # The bounds before the count (see :meth:`append`).
+        self.last_stamp = max(self.last_stamp, epoch)
+        if local.shape[0]:
+            self.max_valid_to = max(self.max_valid_to, int(np.max(self.valid_to[local])))
+        self.stamped += fresh
+
+    def kill(self, local: I64, epoch: int) -> None:
+        """Stop reading rows from ``epoch`` on: a copy with a new end replaces them."""
+        self.dead[local] = epoch
+        self.killed += int(local.shape[0])
+        self.last_stamp = max(self.last_stamp, epoch)
+
+    def refresh_bounds(self) -> None:
+        """Recount the stamp bounds from the columns (after stamps were rewritten)."""
+        n = self.n
+        sup, dead = self.sup[:n], self.dead[:n]
+        stamped = sup != NEVER
+        killed = dead != NEVER
+        self.stamped = int(np.count_nonzero(stamped))
+        self.killed = int(np.count_nonzero(killed))
+        self.last_stamp = max(
+            int(sup[stamped].max()) if self.stamped else -1,
+            int(dead[killed].max()) if self.killed else -1,
+        )
+        self.max_valid_to = int(self.valid_to[:n][stamped].max()) if self.stamped else -(2**63)
 
     def with_new_stamps(self) -> Segment:
         """A sealed copy that shares every column but has its own stamp arrays.
@@ -280,6 +351,7 @@ class Segment:
             setattr(clone, name, getattr(self, name))
         clone.sup = self.sup.copy()
         clone.valid_to = self.valid_to.copy()
+        clone.dead = self.dead.copy()
         clone.sealed = True
         clone._meta_cache = {}
         return clone
@@ -289,12 +361,10 @@ class Segment:
         self.sealed = True
 
     @classmethod
-    def from_rows(
-        cls, seg_id: int, bucket: int, rows: Rows, *, sealed: bool, capacity: int = 0
-    ) -> Segment:
+    def from_rows(cls, seg_id: int, rows: Rows, *, sealed: bool, capacity: int = 0) -> Segment:
         """A segment holding ``rows`` (a copy), sealed or growing with room up to ``capacity``."""
         dim = int(rows.vectors.shape[1])
-        seg = cls(seg_id, bucket, dim, max(capacity, len(rows), 1))
+        seg = cls(seg_id, dim, max(capacity, len(rows), 1))
         seg.append(rows)
         seg.sealed = sealed
         return seg
@@ -313,7 +383,7 @@ class Segment:
     def nbytes(self) -> int:
         """Approximate memory held: vectors, number columns, strings and the ANN."""
         n = self.n
-        fixed = n * (self.dim * 4 + 8 * 7 + 4 * 4)
+        fixed = n * (self.dim * 4 + 8 * 9 + 4 * 4)
         strings = self.text_bytes + 64 * n
         return fixed + strings + (self.ann.nbytes() if self.ann is not None else 0)
 
@@ -339,6 +409,8 @@ class Segment:
             m &= self.valid_from[sel] <= as_of
             if self.stamped:
                 m &= ~((self.sup[sel] <= epoch) & (self.valid_to[sel] <= as_of))
+            if self.killed:
+                m &= self.dead[sel] > epoch
         if len(self.tenant_codes.names) > 1:
             m &= self.tenant_codes.column[sel] == tenant
         for values, codes in ((spec.domains, self.domain_codes), (spec.doc_ids, self.doc_codes)):
@@ -409,12 +481,11 @@ class Segment:
     def __repr__(self) -> str:
         state = "sealed" if self.sealed else "growing"
         ann = f", ann={self.ann.kind}" if self.ann is not None else ""
-        return f"Segment(id={self.id}, bucket={self.bucket}, rows={self.n}, {state}{ann})"
+        return f"Segment(id={self.id}, rows={self.n}, {state}{ann})"
 
 
 _SLOTS = (
     "id",
-    "bucket",
     "dim",
     "capacity",
     "alloc",
@@ -434,6 +505,9 @@ _SLOTS = (
     "min_valid_from",
     "max_valid_from",
     "stamped",
+    "killed",
+    "last_stamp",
+    "max_valid_to",
     "text_bytes",
     "_meta_cache",
 )

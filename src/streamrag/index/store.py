@@ -38,7 +38,12 @@ __all__ = [
     "write_table",
 ]
 
-FORMAT = 1
+FORMAT = 2
+"""2: every change is a version (rows carry ``dead``); segments are not per day.
+
+Format 1 manifests are still read (see :meth:`LsmIndex._load_checkpoint`).
+"""
+_READS = frozenset({1, FORMAT})
 
 
 def _pa() -> Any:
@@ -112,6 +117,7 @@ def write_rows(path: Path, rows: Rows) -> None:
             "valid_from": pa.array(rows.valid_from),
             "offset": pa.array(rows.offsets),
             "created": pa.array(rows.created),
+            "committed": pa.array(rows.committed),
             "tenant": _strings(pa, rows.tenants),
             "doc_id": _strings(pa, rows.doc_ids),
             "domain": _strings(pa, rows.domains),
@@ -169,8 +175,10 @@ def read_rows(path: Path, dim: int) -> Rows:
         valid_from=ints("valid_from", np.int64),
         offsets=ints("offset", np.int64),
         created=ints("created", np.int64),
+        committed=ints("committed" if "committed" in t.column_names else "created", np.int64),
         sup=never,
         valid_to=never.copy(),
+        dead=never.copy(),
         tenants=t.column("tenant").to_pylist(),
         doc_ids=t.column("doc_id").to_pylist(),
         domains=t.column("domain").to_pylist(),
@@ -244,7 +252,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         msg = f"cannot read index manifest {path}: {exc}"
         raise IndexStoreError(msg) from exc
-    if body.get("format") != FORMAT:
+    if body.get("format") not in _READS:
         msg = (
             f"index manifest {path} has format {body.get('format')!r}; this streamrag reads "
             f"format {FORMAT}: upgrade streamrag or rebuild the index by replaying the input"

@@ -4,7 +4,7 @@
 
     source ─► decode (dead letters) ─► event time (watermark, windows, late output)
            ─► chunk ─► micro-batcher (partitioned; size, deadline, watermark)
-           ─► last-writer-wins ─► embed what changed ─► commit one epoch
+           ─► versions the index wants ─► embed what changed ─► commit one epoch
 
 The pipeline has two halves that can run in two threads (see :mod:`.executor`),
 so the next batch is decoded and chunked while the current one embeds:
@@ -31,6 +31,16 @@ rest, which are committed or dead-lettered; from there on it reads as usual.
 Versions are ``(event_time, offset)`` and chunk ids are derived from the
 document, so a change committed twice is found stale the second time: the index
 ends as if there had been no crash.
+
+**Every change is a version** (``history=True``, the LSM index's default): a
+change older than its document's current version — late, or beaten by a newer
+one in the same micro-batch — is embedded and committed too, and the index files
+it in the document's past, so ``as_of`` reads answer what the documents said at
+any time. Chunks whose text was embedded before are not embedded again: the
+document's current chunks are reused by content hash, and within a micro-batch
+each distinct chunk text is embedded once. With ``history=False`` only the
+newest change per document in a micro-batch is embedded (last writer wins), as
+an index without history would drop the others anyway.
 
 Accounting (invariant 4, nothing lost): every record read is either applied
 (committed, or found stale by last-writer-wins), dead-lettered with its reason,
@@ -100,6 +110,8 @@ class PipelineStats:
     chunks_embedded: int = 0
     chunks_reused: int = 0
     commits: int = 0
+    past_versions: int = 0
+    """Changes older than their document's current version, kept in its history."""
     last_commit_us: Timestamp | None = None
     last_freshness_us: int | None = None
     window_results: int = 0
@@ -145,6 +157,7 @@ class Pipeline:
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], None] = time.sleep,
         commit_interval_ms: int = 0,
+        history: bool = True,
     ) -> None:
         if embedder.dim != index.dim:
             msg = (
@@ -183,6 +196,7 @@ class Pipeline:
         self.retry = retry or RetryPolicy()
         self._sleep = sleep
         self.commit_interval_us = commit_interval_ms * 1000
+        self.history = history
         self._last_commit_at: Timestamp | None = None
         self._in_flight = 0
         self._drained = False
@@ -571,13 +585,26 @@ class Pipeline:
         times = changes.event_times.tolist()
         offsets = changes.offsets.tolist()
         ops = changes.ops.tolist()
-        # Last writer wins within the batch: keep the newest change per document.
-        winners: dict[tuple[str, str], int] = {}
-        for i, key in enumerate(zip(tenants, doc_ids, strict=True)):
-            j = winners.get(key)
-            if j is None or (times[i], offsets[i]) > (times[j], offsets[j]):
-                winners[key] = i
-        stale = len(changes) - len(winners)
+        keys = list(zip(tenants, doc_ids, strict=True))
+        candidates: list[int]
+        if self.history:
+            # Every change is a version: each (document, version) once.
+            seen: set[tuple[tuple[str, str], int, int]] = set()
+            candidates = []
+            for i, key in enumerate(keys):
+                v = (key, times[i], offsets[i])
+                if v not in seen:
+                    seen.add(v)
+                    candidates.append(i)
+        else:
+            # Last writer wins within the batch: keep the newest change per document.
+            winners: dict[tuple[str, str], int] = {}
+            for i, key in enumerate(keys):
+                j = winners.get(key)
+                if j is None or (times[i], offsets[i]) > (times[j], offsets[j]):
+                    winners[key] = i
+            candidates = list(winners.values())
+        stale = len(changes) - len(candidates)
 
         docs: list[DocOp] = []
         doc_rows: list[int] = []  # the change behind each DocOp
@@ -588,14 +615,17 @@ class Pipeline:
         embed_slots: list[int] = []
         reuse_slots: list[int] = []
         reuse_rows: list[int] = []
+        alias_slots: list[int] = []  # chunks whose text another slot of this batch has
+        alias_of: list[int] = []
+        first_slot: dict[bytes, int] = {}  # content hash → the slot that gets its vector
         prepared = pending.prepared or [None] * len(changes)
         index = self.index
-        for (tenant, doc_id), i in winners.items():
-            version = (times[i], offsets[i])
-            state = index.doc_state(tenant, doc_id)
-            if state is not None and state.version >= version:
+        for i in candidates:
+            tenant, doc_id = keys[i]
+            if not index.wants(tenant, doc_id, times[i], offsets[i]):
                 stale += 1
                 continue
+            state = index.doc_state(tenant, doc_id)
             payload = changes.payloads[i]
             domain = str(payload.get("domain", ""))
             doc_rows.append(i)
@@ -614,11 +644,17 @@ class Pipeline:
             for pos, (chunk, h) in enumerate(zip(chunks, prep.hashes, strict=True)):
                 slot = len(texts)
                 row = old.get(h)
-                if row is None:
-                    embed_slots.append(slot)
-                else:
+                src = first_slot.get(h)
+                if row is not None:
                     reuse_slots.append(slot)
                     reuse_rows.append(row)
+                elif src is not None:
+                    alias_slots.append(slot)
+                    alias_of.append(src)
+                else:
+                    embed_slots.append(slot)
+                if src is None:
+                    first_slot[h] = slot
                 ids.append(chunk_id(tenant, doc_id, pos))
                 positions.append(pos)
                 texts.append(chunk)
@@ -644,6 +680,11 @@ class Pipeline:
             poisoned = self._embed(texts, embed_slots, vectors)
         if reuse_slots:
             vectors[reuse_slots] = index.vectors_at(reuse_rows)
+        if alias_slots:
+            vectors[alias_slots] = vectors[alias_of]
+            for slot, src in zip(alias_slots, alias_of, strict=True):
+                if src in poisoned:
+                    poisoned[slot] = poisoned[src]
         letters: list[DeadLetter] = []
         if poisoned:
             docs, ids, positions, texts, hashes, vectors, dropped = _without_poison(
@@ -652,8 +693,10 @@ class Pipeline:
             for d_index, reason in dropped.items():
                 row = doc_rows[d_index]
                 letters.append(_letter(changes, row, "embed", reason))
-        embedded = len(embed_slots) - len(poisoned)
+        embedded = len(embed_slots) - sum(1 for s in embed_slots if s in poisoned)
+        reused = len(reuse_slots) + len(alias_slots)
 
+        past = _past_versions(docs, index)
         cursor, versions = self._capture()
         applied = len(changes) - len(letters)
         delta = {
@@ -662,8 +705,9 @@ class Pipeline:
             "dead_lettered": len(letters),
             "poison": len(letters),
             "chunks_embedded": embedded,
-            "chunks_reused": len(reuse_slots),
+            "chunks_reused": reused,
             "commits": 1,
+            "past_versions": past,
         }
         # The counts as they will be once this commit is in, written with it.
         counts = cursor["stats"]
@@ -678,7 +722,7 @@ class Pipeline:
             "stale": stale,
             "dead_lettered": len(letters),
             "chunks_embedded": embedded,
-            "chunks_reused": len(reuse_slots),
+            "chunks_reused": reused,
             "cut_by": pending.reason,
             "first_arrival_us": pending.first_arrival_us,
             "embedder": self.embedder.version,
@@ -722,7 +766,7 @@ class Pipeline:
         m.applied.inc(applied)
         m.stale.inc(stale)
         m.chunks_embedded.inc(embedded)
-        m.chunks_reused.inc(len(reuse_slots))
+        m.chunks_reused.inc(reused)
         m.commits.inc()
         m.freshness.observe(st.last_freshness_us / US_PER_S)
         m.epoch.set(result.epoch)
@@ -781,6 +825,20 @@ class Pipeline:
                 letter.stage,
                 letter.reason,
             )
+
+
+def _past_versions(docs: Sequence[DocOp], index: VectorIndex) -> int:
+    """How many of a commit's documents will not become current (older than another)."""
+    newest: dict[tuple[str, str], tuple[int, int]] = {}
+    for d in docs:
+        key = (d.tenant, d.doc_id)
+        v = (d.event_time, d.offset)
+        if key not in newest:
+            state = index.doc_state(d.tenant, d.doc_id)
+            newest[key] = v if state is None else max(v, state.version)
+        elif v > newest[key]:
+            newest[key] = v
+    return sum(1 for d in docs if (d.event_time, d.offset) < newest[(d.tenant, d.doc_id)])
 
 
 def _without_poison(

@@ -116,6 +116,7 @@ class Service:
             max_pending=batcher.max_pending or 4 * batcher.max_batch_size,
             max_pending_bytes=batcher.max_pending_bytes,
             commit_interval_ms=batcher.commit_interval_ms,
+            history=settings.index.kind == "lsm" and settings.index.history == "full",
             retry=RetryPolicy(
                 attempts=emb.attempts,
                 backoff_s=emb.backoff_ms / 1000,
