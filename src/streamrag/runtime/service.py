@@ -240,6 +240,7 @@ class Service:
                 "ingested": st.ingested,
                 "applied": st.applied,
                 "stale": st.stale,
+                "past_versions": st.past_versions,
                 "dead_lettered": st.dead_lettered,
                 "pending": pending,
                 "chunks_embedded": st.chunks_embedded,
@@ -255,6 +256,9 @@ class Service:
                 "live_docs": idx.live_docs,
                 "live_chunks": idx.live_chunks,
                 "deleted_docs": idx.deleted_docs,
+                "history": self.settings.index.history
+                if self.settings.index.kind == "lsm"
+                else "current",
             },
             "ingest_lag": {
                 "backlog_bytes": backlog,
