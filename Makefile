@@ -39,6 +39,7 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py
 	nice $(PY) benchmarks/index.py --sizes 100000
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/history.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo .models

@@ -236,6 +236,8 @@ def demo(
         "source.path": str(corpus),
         "state_dir": str(workdir / "state"),
         "embedder.class": embedder,
+        # The corpus spans 2023–2024: keep all of it for as_of and epoch reads.
+        "index.retention_s": DEMO_RETENTION_S,
     }
     if host is not None:
         overrides["serve.host"] = host
@@ -257,6 +259,9 @@ def demo(
 
     _guard(go)
 
+
+DEMO_RETENTION_S = 3 * 365 * 86_400
+"""History the demo keeps: all of its sample corpus, so ``as_of`` reaches any of it."""
 
 LOCAL_LLM_SETTINGS: dict[str, Any] = {
     "llm.model": "smollm2-135m-instruct",

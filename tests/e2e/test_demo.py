@@ -56,5 +56,11 @@ def test_demo_answers_its_printed_curl_queries(
     assert "OUTDATED" not in json.dumps(
         server.retrieve(query="OUTDATED DRAFT that must never be served", k=20)
     )
+    # The README's as_of example: a page deleted on 2024-08-17 was there on 10 August.
+    zoom = "it-support/zoom-keeps-disconnecting"
+    then = server.retrieve(query="Zoom keeps disconnecting", k=1, as_of="2024-08-10T00:00:00Z")
+    assert [r["doc_id"] for r in then["results"]] == [zoom]
+    now = server.retrieve(query="Zoom keeps disconnecting", k=5, filters={"doc_id": zoom})
+    assert now["results"] == []
     assert server.stop() == 0
     assert "stopped at epoch" in server.log.read_text()

@@ -1,7 +1,7 @@
 """The semantic partition key: which changes belong in the same micro-batch.
 
 A micro-batch that holds one tenant's documents of one domain from one day is
-*topically local*: its chunks land in one time bucket of the index, embed with
+*topically local*: its chunks land near each other in event time, embed with
 similar lengths, and a later query that filters on tenant, domain or a time
 range touches fewer segments. The default key is ``(tenant, domain, date)``
 where ``date`` is the change's event time cut into ``bucket_us`` buckets (one
