@@ -229,7 +229,8 @@ def test_every_as_of_answer_matches_the_bitemporal_reference(
             assert set().union(*committed.values()) == {off for off, _ in offsets}
             # Several epochs, the last included (epochs undone by a crash are gone).
             epochs = sorted(committed)
-            sample = {e: committed[e] for e in {*rng.sample(epochs, min(4, len(epochs))), epochs[-1]}}
+            picked = {*rng.sample(epochs, min(4, len(epochs))), epochs[-1]}
+            sample = {e: committed[e] for e in picked}
             _check(service, offsets, sample, texts, f"live order {order}")
             service.index.close()
 
