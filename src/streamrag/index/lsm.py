@@ -735,6 +735,10 @@ class LsmIndex:
     ) -> bool:
         keeps = [np.flatnonzero(~droppable(s, s.n, hist_floor, epoch_floor)) for s in group]
         rows = Rows.concat([s.take(k) for s, k in zip(group, keeps, strict=True)])
+        # In event-time order: a time range or an as_of read then selects a run of
+        # neighbouring rows, which a scan reads as one slice instead of gathering.
+        order = np.argsort(rows.valid_from, kind="stable")
+        rows = rows.select(order)
         with self._lock:
             seg_id = self._new_seg_id()
         merged = Segment.from_rows(seg_id, rows, sealed=True)
@@ -749,12 +753,12 @@ class LsmIndex:
             ):
                 return False  # a rollback replaced these segments meanwhile
             # Stamps written while we merged: copy them over, under the writer lock.
-            off = 0
-            for s, k in zip(group, keeps, strict=True):
-                merged.sup[off : off + k.size] = s.sup[k]
-                merged.valid_to[off : off + k.size] = s.valid_to[k]
-                merged.dead[off : off + k.size] = s.dead[k]
-                off += k.size
+            n = merged.n
+            for name in ("sup", "valid_to", "dead"):
+                now = np.concatenate(
+                    [getattr(s, name)[k] for s, k in zip(group, keeps, strict=True)]
+                )
+                getattr(merged, name)[:n] = now[order]
             merged.refresh_bounds()
             for s in group:
                 dropped = np.setdiff1d(s.rids[: s.n], merged.rids[: merged.n], assume_unique=True)

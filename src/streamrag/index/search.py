@@ -242,7 +242,15 @@ def _exact(seg: Segment, n: int, q: F32, k: int, mask: npt.NDArray[np.bool_]) ->
         empty = np.full((m, 0), -np.inf, dtype=np.float32)
         return _Found(seg, empty, np.zeros((m, 0), dtype=np.int64))
     vectors = seg.vectors
-    if rows.size * 4 <= n:
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo < n and hi - lo <= 2 * rows.size:
+        # The matching rows are (nearly) one run — a time range or as_of over a
+        # segment kept in event-time order: score that slice, a view, not a copy.
+        sub = vectors[lo:hi]
+        scores = np.stack([sub @ r for r in q]) if m < 4 else q @ sub.T
+        if hi - lo != rows.size:
+            scores = scores[:, rows - lo]
+    elif rows.size * 4 <= n:
         # A selective filter: gather the matching rows and score only those.
         scores = q @ vectors[rows].T
     else:
