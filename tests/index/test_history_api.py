@@ -54,7 +54,7 @@ def test_as_of_and_epoch_reads() -> None:
         index.search_many(unit(1, DIM)[None], 3, SearchFilter(epoch=9))
 
 
-def test_time_range_prunes_buckets_and_still_returns_k() -> None:
+def test_time_range_prunes_segments_and_still_returns_k() -> None:
     index = LsmIndex(DIM, LsmSpec(seal_rows=4))
     changes = [Change(f"d{i}", Op.UPSERT, (i % 30) * DAY, i, (100 + i,)) for i in range(300)]
     index.commit(make_batch(changes, DIM))
@@ -63,6 +63,88 @@ def test_time_range_prunes_buckets_and_still_returns_k() -> None:
     _, hits = index.search_many(unit(7, DIM)[None], 10, flt)
     assert len(hits[0]) == 10
     assert all(5 * DAY <= h.event_time < 6 * DAY for h in hits[0])
+
+
+def _versions(index: LsmIndex, flt: SearchFilter, doc: str = "a") -> list[tuple[int, int]]:
+    """(event time in days, committed epoch) of each hit on ``doc``."""
+    _, hits = index.search_many(unit(1, DIM)[None], 10, flt)
+    return sorted((h.event_time // DAY, h.epoch) for h in hits[0] if h.doc_id == doc)
+
+
+def test_an_edit_beaten_in_its_own_micro_batch_is_still_history() -> None:
+    """A page edited on 2015-10-28 and again on 2015-12-14: as of 2015-11-20, the October text."""
+    oct28, dec14, nov20 = 16_736, 16_783, 16_759  # days since 1970
+    index = LsmIndex(DIM, LsmSpec(retention_us=3650 * DAY))
+    index.commit(make_batch([Change("a", Op.UPSERT, 16_000 * DAY, 1, (1,))], DIM))
+    result = index.commit(
+        make_batch(
+            [
+                Change("a", Op.UPSERT, dec14 * DAY, 3, (3,)),
+                Change("a", Op.UPSERT, oct28 * DAY, 2, (2,)),
+            ],
+            DIM,
+        )
+    )
+    assert (result.applied_docs, result.past_docs, result.stale_docs) == (1, 1, 0)
+    assert _versions(index, SearchFilter(as_of_us=nov20 * DAY)) == [(oct28, 2)]
+    assert _versions(index, SearchFilter()) == [(dec14, 2)]
+    assert _versions(index, SearchFilter(as_of_us=nov20 * DAY, epoch=1)) == [(16_000, 1)]
+
+
+def test_a_late_change_splits_an_ended_interval_and_survives_a_restart(tmp_path: Path) -> None:
+    spec = LsmSpec(retention_us=1000 * DAY, checkpoint_every=100)
+    index = LsmIndex(DIM, spec, path=tmp_path / "idx")
+    index.commit(make_batch([Change("a", Op.UPSERT, 10 * DAY, 1, (1, 2))], DIM))
+    index.commit(make_batch([Change("a", Op.UPSERT, 30 * DAY, 2, (3,))], DIM))
+    # Arrives last, between the two: the day-10 version now ends at day 20, not 30.
+    index.commit(make_batch([Change("a", Op.UPSERT, 20 * DAY, 3, (4,))], DIM))
+    # A delete arrives late too, inside the day-20 version's interval.
+    index.commit(make_batch([Change("a", Op.DELETE, 25 * DAY, 4)], DIM))
+
+    def check(ix: LsmIndex) -> None:
+        assert _versions(ix, SearchFilter(as_of_us=15 * DAY)) == [(10, 1), (10, 1)]
+        assert _versions(ix, SearchFilter(as_of_us=22 * DAY)) == [(20, 3)]
+        assert _versions(ix, SearchFilter(as_of_us=27 * DAY)) == []
+        assert _versions(ix, SearchFilter(as_of_us=31 * DAY)) == [(30, 2)]
+        # What the index knew at epoch 2, before the late changes arrived.
+        assert _versions(ix, SearchFilter(as_of_us=22 * DAY, epoch=2)) == [(10, 1), (10, 1)]
+        assert _versions(ix, SearchFilter(as_of_us=27 * DAY, epoch=3)) == [(20, 3)]
+        assert _versions(ix, SearchFilter()) == [(30, 2)]
+        history = [(s.version[0] // DAY, s.deleted) for s in ix.doc_history("default", "a")]
+        assert history == [(10, False), (20, False), (25, True), (30, False)]
+
+    check(index)
+    # 4 chunk rows, then copies with earlier ends: the day-10 rows (2) and the day-20 row.
+    assert index.health().rows == 7
+    index.abandon()  # a crash: the log replays the commits
+    again = LsmIndex(DIM, spec, path=tmp_path / "idx")
+    check(again)
+    again.close()  # a clean stop: the checkpoint holds the stamps and the copy
+    third = LsmIndex(DIM, spec, path=tmp_path / "idx")
+    check(third)
+    third.close()
+
+
+def test_a_change_that_would_end_before_the_history_floor_is_not_kept() -> None:
+    index = LsmIndex(DIM, LsmSpec(retention_us=50))
+    index.commit(make_batch([Change("a", Op.UPSERT, 100, 1, (1,))], DIM))
+    index.commit(make_batch([Change("a", Op.UPSERT, 200, 2, (2,))], DIM))  # floor: 150
+    assert index.wants("default", "a", 120, 3)  # its interval [120, 200) reaches past 150
+    assert not index.wants("default", "a", 60, 4)  # [60, 100): nobody can read it
+    assert not index.wants("default", "a", 200, 2)  # held already
+    result = index.commit(make_batch([Change("a", Op.UPSERT, 60, 4, (4,))], DIM))
+    assert (result.past_docs, result.stale_docs, result.chunks_added) == (0, 1, 0)
+
+
+def test_current_only_history_refuses_as_of_and_keeps_epochs() -> None:
+    index = LsmIndex(DIM, LsmSpec(history=False))
+    index.commit(make_batch([Change("a", Op.UPSERT, 30, 1, (1,))], DIM))
+    result = index.commit(make_batch([Change("a", Op.UPSERT, 20, 2, (2,))], DIM))
+    assert (result.applied_docs, result.past_docs, result.stale_docs) == (0, 0, 1)
+    assert not index.wants("default", "a", 25, 3)
+    with pytest.raises(QueryError, match=r"index\.history"):
+        index.search_many(unit(1, DIM)[None], 3, SearchFilter(as_of_us=25))
+    assert _versions(index, SearchFilter(epoch=1)) == [(0, 1)]
 
 
 def test_metadata_predicates() -> None:

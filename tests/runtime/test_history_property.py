@@ -170,10 +170,12 @@ def _live(path: Path, state: Path, rng: random.Random, arrival: list[Change]) ->
     clock = ManualClock(1_800_000_000 * US_PER_S)
     committed: dict[int, set[int]] = {}
     seen: set[int] = set()
+    past = [0]
 
     def hook(b: CommitBatch, r: CommitResult) -> None:
         seen.update(d.offset for d in b.docs)
         committed[r.epoch] = set(seen)
+        past[0] += r.past_docs
 
     def open_service() -> Service:
         svc = Service(_settings(path, state, batch), clock=clock)
@@ -205,6 +207,8 @@ def _live(path: Path, state: Path, rng: random.Random, arrival: list[Change]) ->
             service = open_service()
     service.pipeline.run_until_caught_up(final=True)
     service.pipeline.close()
+    # The pipeline's count (restored from the cursor after a restart) is the index's.
+    assert service.pipeline.stats.past_versions == past[0]
     return service, offsets, committed
 
 

@@ -1,11 +1,13 @@
 """Stage ⑧ of the data path: the versioned vector index.
 
 :mod:`.base` defines what a commit carries and what a search returns;
-:mod:`.lsm` is the default index — segments per event-time bucket
-(:mod:`.segment`), ANN structures for sealed segments (:mod:`.ann`), immutable
-manifests per epoch (:mod:`.manifest`), the query path (:mod:`.search`),
-compaction (:mod:`.compaction`), the write-ahead log (:mod:`.wal`) and files
-(:mod:`.store`); :mod:`.exact` is the simple in-memory exact index.
+:mod:`.lsm` is the default index — every change a version of its document
+(:mod:`.history`, rows written through :mod:`.pending`), segments sized by rows
+with bitemporal stamps (:mod:`.segment`), ANN structures for sealed segments
+(:mod:`.ann`), immutable manifests per epoch (:mod:`.manifest`), the query path
+(:mod:`.search`), compaction (:mod:`.compaction`), the write-ahead log
+(:mod:`.wal`) and files (:mod:`.store`); :mod:`.exact` is the simple in-memory
+exact index.
 """
 
 from streamrag.index.base import (

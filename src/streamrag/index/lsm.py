@@ -395,7 +395,8 @@ class LsmIndex:
                 != (docs[i].tenant, docs[i].doc_id)
             ]
         stale = len(docs) - len(order)
-        applied = past = 0
+        filed = 0  # changes kept as versions
+        current: set[Key] = set()  # documents whose current version this commit changed
         pending = PendingRows(batch, epoch, self._next_rid)
         hashes = batch.hashes
         delete = Op.DELETE
@@ -426,8 +427,9 @@ class LsmIndex:
                 state = DocState(
                     version, False, pending.add_version(d, end), hashes[first : first + n]
                 )
+            filed += 1
             if after is None:
-                applied += 1
+                current.add(key)
                 high = max(high, d.event_time)
                 if before is not None:  # the version that was current until now
                     if before.deleted:
@@ -440,8 +442,6 @@ class LsmIndex:
                 else:
                     self._live_docs += 1
                     self._live_chunks += n
-            else:
-                past += 1
             versions.add(key, state)
             if history and floor != MIN_TIMESTAMP:
                 versions.forget_before(key, floor)
@@ -453,7 +453,9 @@ class LsmIndex:
             self._place(rows)
         self._high = high
         self._publish(epoch, epoch - 1, now)
-        return CommitResult(epoch, applied, stale, added, past)
+        # One change per document ends up current; the others are its past, including
+        # those that were current for a moment of this same commit.
+        return CommitResult(epoch, len(current), stale, added, filed - len(current))
 
     def _end(self, state: DocState, valid_to: Timestamp, pending: PendingRows) -> None:
         """Give a version an end in valid time from this commit on (its interval is split).

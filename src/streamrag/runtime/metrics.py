@@ -35,7 +35,14 @@ class Metrics:
             "streamrag_changes_applied", "Changes committed (stale no-ops included).", registry=r
         )
         self.stale = Counter(
-            "streamrag_changes_stale", "Changes older than the version held.", registry=r
+            "streamrag_changes_stale",
+            "Changes that changed nothing a read can see (held already, or too old to keep).",
+            registry=r,
+        )
+        self.past_versions = Counter(
+            "streamrag_changes_past_versions",
+            "Changes older than their document's current version, kept in its history.",
+            registry=r,
         )
         self.dead_letters = Counter(
             "streamrag_dead_letters",

@@ -765,6 +765,7 @@ class Pipeline:
         m.batch_reasons.labels(reason=pending.reason).inc()
         m.applied.inc(applied)
         m.stale.inc(stale)
+        m.past_versions.inc(past)
         m.chunks_embedded.inc(embedded)
         m.chunks_reused.inc(reused)
         m.commits.inc()
