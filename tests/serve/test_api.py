@@ -158,7 +158,12 @@ def test_status_counts_add_up(client: TestClient) -> None:
     assert (c["ingested"], c["applied"], c["dead_lettered"], c["pending"]) == (4, 3, 1, 0)
     assert c["ingested"] == c["applied"] + c["dead_lettered"] + c["pending"]
     assert body["watermark"] == "2024-03-01T23:59:59.999999Z"
-    assert body["index"] == {"live_docs": 3, "live_chunks": 3, "deleted_docs": 0}
+    assert body["index"] == {
+        "live_docs": 3,
+        "live_chunks": 3,
+        "deleted_docs": 0,
+        "history": "full",
+    }
     assert body["ingest_lag"]["backlog_bytes"] == 0
     # The manual clock reads 2027-01-15T08:00:00Z; the watermark is 2024-03-01T23:59:59.999999Z.
     assert body["ingest_lag"]["watermark_lag_s"] == pytest.approx(90_662_400.000001)
