@@ -97,22 +97,6 @@ def history_stream(path: Path, docs: int, squeeze: bool, seed: int = 1) -> tuple
     return n, (days * DAY_S if not squeeze else DAY_S)
 
 
-def until_serving(server: ServerProcess, client: httpx.Client, timeout: float = 300) -> float:
-    """Seconds from the process start to its first answered ``/v1/retrieve``."""
-    deadline = time.perf_counter() + timeout
-    while time.perf_counter() < deadline:
-        if server.proc is not None and server.proc.poll() is not None:
-            raise RuntimeError(f"streamrag exited:\n{server.log_tail()}")
-        try:
-            r = client.post(f"{server.url}/v1/retrieve", json={"query": "w1 w2 w3", "k": 5})
-            if r.status_code == 200:
-                return time.perf_counter() - server.started_at
-        except httpx.TransportError:
-            pass
-        time.sleep(0.005)
-    raise RuntimeError(f"not serving after {timeout:.0f} s:\n{server.log_tail()}")
-
-
 def latencies(
     client: httpx.Client, url: str, n: int, span_s: int, as_of: bool, seed: int
 ) -> dict[str, float]:
@@ -157,7 +141,7 @@ def decade_case(tmp: Path, docs: int, squeeze: bool, queries: int) -> dict[str, 
     for r in range(3):
         server = ServerProcess(work, data, SETTINGS)
         server.start()
-        restarts.append(until_serving(server, client))
+        restarts.append(server.until_serving(client))
         if r == 2:
             st = server.status(client)
             log(f"{name}: measuring {queries} queries of each kind")

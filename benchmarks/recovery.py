@@ -70,25 +70,9 @@ def start(tmp: Path, data: Path) -> ServerProcess:
     return server
 
 
-def until_serving(server: ServerProcess, client: httpx.Client, timeout: float = 600) -> float:
-    """Seconds from the process start to its first answered ``/v1/retrieve``."""
-    deadline = time.perf_counter() + timeout
-    while time.perf_counter() < deadline:
-        if server.proc is not None and server.proc.poll() is not None:
-            raise RuntimeError(f"streamrag exited:\n{server.log_tail()}")
-        try:
-            r = client.post(f"{server.url}/v1/retrieve", json={"query": "w1 w2 w3", "k": 5})
-            if r.status_code == 200:
-                return time.perf_counter() - server.started_at
-        except httpx.TransportError:
-            pass
-        time.sleep(0.01)
-    raise RuntimeError(f"not serving after {timeout:.0f} s:\n{server.log_tail()}")
-
-
 def restart(tmp: Path, data: Path, total: int, client: httpx.Client) -> dict[str, Any]:
     server = start(tmp, data)
-    serving = until_serving(server, client)
+    serving = server.until_serving(client)
     first = server.status(client)
     caught_up = server.wait_caught_up(client, total, timeout=600)
     st = server.status(client)
@@ -113,7 +97,7 @@ def run(n: int, tmp: Path) -> dict[str, Any]:
 
     log(f"indexing {n:,} documents from scratch")
     server = start(tmp, data)
-    build_serving = until_serving(server, client)
+    build_serving = server.until_serving(client)
     build = server.wait_caught_up(client, n, timeout=1800)
     server.stop(timeout=STOP_TIMEOUT_S)
 

@@ -85,6 +85,23 @@ class ServerProcess:
         body: dict[str, Any] = resp.json()
         return body
 
+    def until_serving(self, client: httpx.Client, timeout: float = 600) -> float:
+        """Wait for the first answered ``/v1/retrieve``; return seconds since the start."""
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                msg = f"streamrag exited:\n{self.log_tail()}"
+                raise RuntimeError(msg)
+            try:
+                r = client.post(f"{self.url}/v1/retrieve", json={"query": "w1 w2 w3", "k": 5})
+                if r.status_code == 200:
+                    return time.perf_counter() - self.started_at
+            except httpx.TransportError:
+                pass
+            time.sleep(0.005)
+        msg = f"not serving after {timeout:.0f} s:\n{self.log_tail()}"
+        raise RuntimeError(msg)
+
     def wait_caught_up(self, client: httpx.Client, expect_ingested: int, timeout: float) -> float:
         """Wait until the server answers and has nothing pending; return seconds since start."""
         deadline = time.perf_counter() + timeout

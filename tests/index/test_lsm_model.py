@@ -218,23 +218,20 @@ class IndexMachine(RuleBasedStateMachine):
                 assert np.array_equal(got, np.stack(rows))
 
 
-IndexMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-test_index_matches_the_reference = IndexMachine.TestCase
-
-
 class CurrentOnlyMachine(IndexMachine):
     HISTORY = False
 
 
-CurrentOnlyMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+def _settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+IndexMachine.TestCase.settings = _settings(150)
+test_index_matches_the_reference = IndexMachine.TestCase
+CurrentOnlyMachine.TestCase.settings = _settings(60)
 test_current_only_index_matches_the_reference = CurrentOnlyMachine.TestCase
