@@ -10,8 +10,11 @@ required; ``op`` defaults to ``upsert``, which needs a non-empty ``text``;
 ``tenant`` defaults to the configured default. Unknown fields are ignored.
 
 A line that fails any check becomes a :class:`~streamrag.ingest.deadletter.DeadLetter`
-with a reason that says what was expected and what to do; decoding never raises
-for bad input.
+with a reason that says what was expected and what to do. Decoding never raises,
+whatever the input: a line nested too deeply for the decoder (``RecursionError``),
+or one that trips any other error, is dead-lettered with the error named, and
+the lines around it are decoded as usual. A UTF-8 byte-order mark at the start
+of a line is dropped.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class _Record(msgspec.Struct, kw_only=True):
     event_time: str | int | float
     op: Literal["upsert", "delete"] = "upsert"
     tenant: str | None = None
+    """Omitted (or null): the configured default tenant. An empty string is refused."""
     text: str | None = None
     title: str | None = None
     domain: str | None = None
@@ -43,6 +47,7 @@ class _Record(msgspec.Struct, kw_only=True):
 
 
 _OPS = {"upsert": Op.UPSERT, "delete": Op.DELETE}
+_BOM = b"\xef\xbb\xbf"
 
 
 class Decoder:
@@ -70,17 +75,21 @@ class Decoder:
         default_tenant = self.default_tenant
         for raw in raws:
             source = raw.source
-            for line, offset in zip(raw.lines, raw.offsets, strict=True):
+            sizes = raw.sizes or {}
+            for i, (line, offset) in enumerate(zip(raw.lines, raw.offsets, strict=True)):
                 try:
-                    if len(line) > limit:
+                    if line.startswith(_BOM):
+                        line = line[len(_BOM) :]
+                    size = sizes.get(i, len(line))
+                    if size > limit:
                         msg = (
-                            f"record is {len(line)} bytes, above ingest.max_document_bytes="
-                            f"{limit}; split the document or raise the limit"
+                            f"record is {size:,} bytes, above ingest.max_document_bytes="
+                            f"{limit:,}; split the document or raise the limit"
                         )
                         raise ValueError(msg)
                     rec = decode(line)
                     tenant, doc_id, op, ts, payload = self._check(rec, default_tenant)
-                except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+                except Exception as exc:  # any error dead-letters the line, never the read
                     letters.append(
                         DeadLetter(source, offset, self.stage, _reason(exc), _show(line, limit))
                     )
@@ -109,7 +118,16 @@ class Decoder:
         if not doc_id:
             msg = "field 'doc_id' is empty; give every record a stable, non-empty document id"
             raise ValueError(msg)
-        tenant = rec.tenant.strip() if rec.tenant else default_tenant
+        if rec.tenant is None:
+            tenant = default_tenant
+        else:
+            tenant = rec.tenant.strip()
+            if not tenant:
+                msg = (
+                    "field 'tenant' is empty; omit it (or send null) for the default tenant, "
+                    "or name the tenant"
+                )
+                raise ValueError(msg)
         try:
             ts = parse_timestamp(rec.event_time)
         except ValueError as exc:
@@ -136,13 +154,20 @@ class Decoder:
 
 
 def _reason(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return (
+            "JSON nested too deeply to decode (RecursionError); flatten the record: "
+            "metadata values should be scalars or shallow objects"
+        )
     if isinstance(exc, UnicodeDecodeError):
         return f"not UTF-8 text: {exc}; write each line as UTF-8 encoded JSON"
     if isinstance(exc, msgspec.ValidationError):  # a subclass of DecodeError: test it first
         return f"does not match the change schema: {exc}"
     if isinstance(exc, msgspec.DecodeError):
         return f"not a JSON object: {exc}; each line must be one JSON object"
-    return str(exc)
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"the decoder failed on this record: {type(exc).__name__}: {exc}"
 
 
 def _show(line: bytes, limit: int) -> str:

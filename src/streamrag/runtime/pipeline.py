@@ -117,6 +117,8 @@ class PipelineStats:
     window_results: int = 0
     window_late: int = 0
     window_invalid: int = 0
+    window_errors: int = 0
+    """Changes the event-time stage failed on (applied to the index all the same)."""
     embed_retries: int = 0
     poison: int = 0
     replayed: int = 0
@@ -361,21 +363,49 @@ class Pipeline:
         self.metrics.ingested.inc(n)
         self._dead_letter(letters)
         if len(changes):
-            self._windows(self.event_time.process(changes), changes)
+            self._event_time(changes)
             self._queue(changes, idle_since)
         self.metrics.pending.set(self.batcher.pending)
         return read
 
+    def _event_time(self, changes: ChangeBatch) -> None:
+        """Run the event-time stage; if it fails, the changes still go to the index.
+
+        Windows only aggregate what the index stores: a failure here is logged,
+        counted and kept as a side output (stage ``window-error``), never a lost read.
+        """
+        try:
+            out = self.event_time.process(changes)
+        except Exception as exc:
+            log.exception("the event-time stage failed on %d changes", len(changes))
+            reason = (
+                f"the event-time stage failed: {type(exc).__name__}: {exc}; the change was "
+                "applied to the index but not counted in the windows"
+            )
+            letters = [_letter(changes, i, "window-error", reason) for i in range(len(changes))]
+            with self._stats_lock:
+                self.stats.window_errors += len(changes)
+            if self.window_side_output:
+                self.dead_letters.add_many(letters, self.clock.now_us())
+            return
+        self._windows(out, changes)
+
     def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> None:
         changes, prepared, letters = self._prepare(changes)
         self._dead_letter(letters)
-        self.batcher.add(
-            changes,
-            arrived_us=arrived_us,
-            prepared=prepared,
-            chunks=[len(p.chunks) if p else 1 for p in prepared],
-            tokens=[p.tokens if p else 0 for p in prepared],
-        )
+        try:
+            self.batcher.add(
+                changes,
+                arrived_us=arrived_us,
+                prepared=prepared,
+                chunks=[len(p.chunks) if p else 1 for p in prepared],
+                tokens=[p.tokens if p else 0 for p in prepared],
+            )
+        except Exception as exc:
+            # Nothing of these changes is queued: each is dead-lettered, with the reason.
+            log.exception("queueing %d changes failed", len(changes))
+            reason = f"the micro-batcher refused the change: {type(exc).__name__}: {exc}"
+            self._dead_letter([_letter(changes, i, "batch", reason) for i in range(len(changes))])
 
     def _sift(self, raws: list[RawBatch], arrived_us: Timestamp | None) -> list[RawBatch]:
         """After a restart: below the committed read position, take only waiting records.
@@ -393,20 +423,30 @@ class Pipeline:
                 fresh.append(raw)
                 continue
             read_to, waiting = guard
-            keep_l, keep_o, new_l, new_o = [], [], [], []
-            for line, off in zip(raw.lines, raw.offsets, strict=True):
+            keep_l: list[bytes] = []
+            new_l: list[bytes] = []
+            keep_o: list[int] = []
+            new_o: list[int] = []
+            keep_s: dict[int, int] = {}
+            new_s: dict[int, int] = {}
+            sizes = raw.sizes or {}
+            for i, (line, off) in enumerate(zip(raw.lines, raw.offsets, strict=True)):
                 if off >= read_to:
+                    if i in sizes:
+                        new_s[len(new_l)] = sizes[i]
                     new_l.append(line)
                     new_o.append(off)
                 elif off in waiting:
+                    if i in sizes:
+                        keep_s[len(keep_l)] = sizes[i]
                     keep_l.append(line)
                     keep_o.append(off)
                 else:
                     skipped += 1
             if keep_l:
-                again.append(RawBatch(raw.source, keep_l, keep_o, raw.end_offset))
+                again.append(RawBatch(raw.source, keep_l, keep_o, raw.end_offset, keep_s or None))
             if new_l:
-                fresh.append(RawBatch(raw.source, new_l, new_o, raw.end_offset))
+                fresh.append(RawBatch(raw.source, new_l, new_o, raw.end_offset, new_s or None))
             if raw.end_offset >= read_to:
                 del self._guard[raw.source]
         if again:

@@ -249,6 +249,7 @@ class Service:
                 "window_results": st.window_results,
                 "window_late": st.window_late,
                 "window_invalid": st.window_invalid,
+                "window_errors": st.window_errors,
                 "poison": st.poison,
                 "embed_retries": st.embed_retries,
             },

@@ -25,13 +25,15 @@ class RawBatch:
     """Raw records read from one partition of a source (one file, one topic partition).
 
     ``offsets[i]`` is where ``lines[i]`` starts; ``end_offset`` is the resume
-    position after the last line.
+    position after the last line. A reader that cuts a runaway record short says
+    how long it really was in ``sizes`` (line index → bytes), so the error names it.
     """
 
     source: str
     lines: list[bytes]
     offsets: list[int]
     end_offset: int
+    sizes: dict[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.lines)

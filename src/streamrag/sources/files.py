@@ -104,14 +104,17 @@ class JsonlSourceReader:
                     offsets.append(start + pos)
                 pos = nl + 1
             consumed = pos
+            sizes = None
             if not lines and pos < end:
                 # One line longer than the budget: keep its head, skip to its end.
-                head, line_end = self._long_line(fh, start + end, data[pos:], final, size)
+                head, line_end, length = self._long_line(fh, start + end, data[pos:], final, size)
                 if line_end is None:
                     return None
                 lines.append(head)
                 offsets.append(start + pos)
                 consumed = line_end - start
+                if length > len(head):
+                    sizes = {0: length}
             elif final and consumed < end and start + end == size:
                 tail = data[consumed:]
                 if tail.strip():
@@ -123,31 +126,33 @@ class JsonlSourceReader:
         self._offsets[name] = start + consumed
         if not lines:
             return None
-        return RawBatch(name, lines, offsets, start + consumed)
+        return RawBatch(name, lines, offsets, start + consumed, sizes)
 
     def _long_line(
         self, fh: BinaryIO, pos: int, head: bytes, final: bool, size: int
-    ) -> tuple[bytes, int | None]:
-        """Find the end of a line that did not fit; return its head and end offset.
+    ) -> tuple[bytes, int | None, int]:
+        """Find the end of a line that did not fit: its head, end offset and whole length.
 
         ``pos`` is the file position after ``head``.
         """
         limit = self._spec.max_line_bytes
         kept = bytearray(head[:limit])
+        length = len(head)
         while True:
             block = fh.read(_BLOCK)
             if not block:
                 if final:
-                    return bytes(kept), size
-                return b"", None  # the line is not complete yet
+                    return bytes(kept), size, length
+                return b"", None, length  # the line is not complete yet
             nl = block.find(b"\n")
             if nl >= 0:
                 if len(kept) < limit:
                     kept += block[: min(nl, limit - len(kept))]
-                return bytes(kept), pos + nl + 1
+                return bytes(kept), pos + nl + 1, length + nl
             if len(kept) < limit:
                 kept += block[: limit - len(kept)]
             pos += len(block)
+            length += len(block)
 
     def snapshot(self) -> dict[str, int]:
         """Byte offset after the last line returned, per file."""
