@@ -9,6 +9,16 @@ by a local path with ``model``. torch and the model load on first use, keeping
 Threads: on a small shared machine one thread per call is fastest overall
 (two threads fighting for two cores made query embedding ~10× slower in our
 measurements), so ``threads`` defaults to 1; raise it on a dedicated host.
+
+**Shared between threads.** The ingest thread and the query workers embed with
+one model at once. The model's forward pass is safe to share; its Hugging Face
+tokenizer is not: its padding and truncation settings are state of the one
+Rust tokenizer it wraps, set again by every call that asks for other settings.
+Counting tokens (no padding) while a query batch is being tokenized (padding)
+once turned the batch's padding off mid-call, and the query failed ("unable to
+create tensor"). So counting uses a tokenizer of its own, built from the same
+vocabulary, and the shared one is configured once, when the model loads, with
+the settings every ``encode`` uses — after that no call changes them.
 """
 
 from __future__ import annotations
@@ -47,7 +57,9 @@ class SentenceTransformerEmbedder:
         self.threads = threads
         self._dim = dim
         self._model: Any = None
+        self._counter: Any = None  # a tokenizer of its own for count_tokens
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
 
     @property
     def dim(self) -> int:
@@ -63,7 +75,18 @@ class SentenceTransformerEmbedder:
         """Load the model now (otherwise it loads on the first call)."""
         with self._lock:
             if self._model is None:
-                self._model = self._load()
+                model = self._load()
+                # Counting gets its own tokenizer (same vocabulary, its own state).
+                from tokenizers import Tokenizer
+
+                counter = Tokenizer.from_str(model.tokenizer.backend_tokenizer.to_str())
+                counter.no_padding()
+                counter.no_truncation()
+                self._counter = counter
+                # One call before any thread shares the model: it settles the shared
+                # tokenizer's padding and truncation, which no later encode changes.
+                model.encode(["a", "a b"], batch_size=self.batch_size, show_progress_bar=False)
+                self._model = model
             return self._model
 
     def _load(self) -> Any:
@@ -100,9 +123,14 @@ class SentenceTransformerEmbedder:
         return model
 
     def count_tokens(self, text: str) -> int:
-        """Tokens the model sees for ``text`` (WordPiece pieces, no special tokens)."""
-        model = self._model if self._model is not None else self.load()
-        return len(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Tokens the model sees for ``text`` (WordPiece pieces, no special tokens).
+
+        Uses a tokenizer of its own, so it never changes the one queries use.
+        """
+        if self._model is None:
+            self.load()
+        with self._count_lock:  # one counter, used by one thread at a time
+            return len(self._counter.encode(text, add_special_tokens=False).ids)
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Embed texts into unit vectors."""
