@@ -243,6 +243,13 @@ class IndexSettings(_Frozen):
     checkpoint_every: int = Field(
         256, gt=0, description="Commits between checkpoints (the write-ahead log covers the rest)."
     )
+    on_corruption: Literal["refuse", "rebuild"] = Field(
+        "refuse",
+        description="When a state file fails its checksum on start: 'refuse' to open (the error "
+        "names the file); 'rebuild': move the damaged index aside and rebuild it by reading the "
+        "sources again from their start (files can be; a queue whose messages were acked "
+        "cannot).",
+    )
     wal_fsync: bool = Field(
         True,
         description="fsync the write-ahead log on every commit (off: faster, but a power "

@@ -13,6 +13,7 @@ expected, what was found and what to do::
     ├── SourceError            a source cannot be read or resumed
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
+    │   └── CorruptStateError  a state file fails its checksum (names the file)
     ├── QueryError             a query is malformed (bad filter, k, time range)
     └── GeneratorError         the LLM endpoint failed, timed out or returned garbage
         ├── GeneratorTimeoutError  the endpoint did not answer in time
@@ -24,6 +25,7 @@ from __future__ import annotations
 __all__ = [
     "CircuitOpenError",
     "ConfigError",
+    "CorruptStateError",
     "DecodeError",
     "EmbedderError",
     "GeneratorError",
@@ -83,6 +85,25 @@ class EmbedderError(StreamragError):
 
 class IndexStoreError(StreamragError):
     """The vector index refused an operation (for example a dimension mismatch)."""
+
+
+class CorruptStateError(IndexStoreError):
+    """A file of the index's state is damaged: its checksum or framing does not match.
+
+    ``path`` names the file. The index never serves what such a file holds: it
+    refuses to open (or, with ``index.on_corruption: rebuild``, rebuilds itself
+    from its sources).
+    """
+
+    def __init__(self, path: object, detail: str) -> None:
+        self.path = str(path)
+        msg = (
+            f"index file {path} is damaged: {detail}. Nothing from it was served. Restore the "
+            "state directory from a backup, or set index.on_corruption: rebuild to move the "
+            "damaged index aside and rebuild it from the source (possible when the source can "
+            "be read again from its start, as files can)"
+        )
+        super().__init__(msg)
 
 
 class QueryError(StreamragError):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from streamrag.config import IndexSettings
+from streamrag.errors import CorruptStateError
 from streamrag.index.ann import AnnSpec
 from streamrag.index.base import VectorIndex
 from streamrag.index.compaction import CompactionSpec
@@ -13,6 +15,8 @@ from streamrag.index.lsm import LsmIndex, LsmSpec
 from streamrag.timing import US_PER_S, Clock
 
 __all__ = ["build_index", "lsm_spec"]
+
+log = logging.getLogger("streamrag.index")
 
 _NO_ANN = 2**62
 """``ann_min_rows`` of the exact configuration: no segment is ever that large."""
@@ -58,4 +62,20 @@ def build_index(
     if settings.kind == "exact":
         return ExactIndex(dim, initial_capacity=settings.initial_capacity, clock=clock)
     path = state_dir / "index" if settings.persist else None
-    return LsmIndex(dim, lsm_spec(settings), path=path, clock=clock, background=background)
+    spec = lsm_spec(settings)
+    try:
+        return LsmIndex(dim, spec, path=path, clock=clock, background=background)
+    except CorruptStateError as exc:
+        if settings.on_corruption != "rebuild" or path is None:
+            raise
+        aside = path.with_name(f"index.corrupt-{clock.now_us() // 1_000_000}")
+        path.rename(aside)
+        log.error(
+            "%s — index.on_corruption is 'rebuild': the damaged index was moved to %s and is "
+            "rebuilt from the sources, read again from their start",
+            exc,
+            aside,
+        )
+        index = LsmIndex(dim, spec, path=path, clock=clock, background=background)
+        index.rebuilt = {"reason": str(exc), "damaged_file": exc.path, "moved_to": str(aside)}
+        return index

@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.changes import Op
-from streamrag.errors import IndexStoreError, QueryError
+from streamrag.errors import CorruptStateError, IndexStoreError, QueryError
 from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw, recall_on
 from streamrag.index.base import (
     CommitBatch,
@@ -70,11 +70,14 @@ from streamrag.index.pending import PendingRows
 from streamrag.index.search import SearchTuning, View, search_segments
 from streamrag.index.segment import NEVER, Rows, Segment
 from streamrag.index.store import (
+    file_checksum,
     load_arrow,
     read_cursor,
     read_manifest,
     read_rows,
     read_table,
+    verify_file,
+    write_atomic,
     write_cursor,
     write_manifest,
     write_rows,
@@ -140,6 +143,8 @@ class IndexHealth:
     checkpoint_epoch: int | None
     history_floor_us: Timestamp
     epoch_floor: int
+    wal_torn_tails: int = 0
+    """Torn last log records cut off on open (a crash in the middle of a commit)."""
 
 
 class LsmIndex:
@@ -188,6 +193,7 @@ class LsmIndex:
         self._last_compaction_us: Timestamp | None = None
         self._checkpoint_epoch: int | None = None
         self._cursor: dict[str, Any] | None = None  # the stream position of the latest epoch
+        self._sums: dict[str, dict[str, int]] = {}  # size and CRC-32 of each file written
         self._dirty = 0  # commits since the last checkpoint
         self._needs_checkpoint = False
         self._failed_ann: set[int] = set()
@@ -201,6 +207,8 @@ class LsmIndex:
         self._wake = threading.Condition()
         self._closed = False
         self.last_maintenance_error: str | None = None
+        self.rebuilt: dict[str, str] | None = None
+        """Set when a damaged index was moved aside and this one rebuilds it from the sources."""
         self._manifest = self._make_manifest(0, None, self._clock.now_us())
         if self._path is not None:
             # Load pyarrow now: importing it inside the first checkpoint would stall
@@ -899,6 +907,7 @@ class LsmIndex:
         assert self._path is not None
         name = f"seg-{seg.id:08d}.arrow"
         write_rows(self._path / name, seg.take(np.arange(seg.n)))
+        self._sums[name] = file_checksum(self._path / name)
         seg.file = name
         if seg.ann is not None:
             self._write_ann(seg)
@@ -910,9 +919,8 @@ class LsmIndex:
         if save is None:
             return  # IVF-PQ structures are rebuilt on open (minutes, in the background)
         name = f"seg-{seg.id:08d}.{seg.ann.kind}"
-        from streamrag.index.store import write_atomic
-
         write_atomic(self._path / name, save)
+        self._sums[name] = file_checksum(self._path / name)
         seg.ann_file = name
 
     def checkpoint(self) -> int | None:
@@ -961,8 +969,9 @@ class LsmIndex:
                     name = seg.file
                 else:
                     name = f"grow-{seg.id:08d}-{n}.arrow"
-                    if not (path / name).exists():
+                    if name not in self._sums or not (path / name).exists():
                         write_rows(path / name, seg.take(np.arange(n)))
+                        self._sums[name] = file_checksum(path / name)
                 assert name is not None
                 keep.add(name)
                 if seg.ann_file:
@@ -1003,13 +1012,18 @@ class LsmIndex:
             for name, columns in tables.items():
                 fname = f"{name}-{epoch:012d}.arrow"
                 write_table(path / fname, columns)
+                self._sums[fname] = file_checksum(path / fname)
                 meta[name] = fname
                 keep.add(fname)
             if cursor is not None:
                 cname = f"cursor-{epoch:012d}.msgpack"
                 write_cursor(path / cname, cursor)
+                self._sums[cname] = file_checksum(path / cname)
                 meta["cursor"] = cname
                 keep.add(cname)
+            # Every file the manifest names, with its size and CRC-32: checked on open.
+            meta["files"] = {n: self._sums[n] for n in sorted(keep) if n in self._sums}
+            self._sums = {n: self._sums[n] for n in keep if n in self._sums}
             mname = f"manifest-{epoch:012d}.json"
             write_manifest(path / mname, {**meta, "segments": segments})
             keep.add(mname)
@@ -1057,8 +1071,17 @@ class LsmIndex:
         self._next_rid = body["next_rid"]
         self._next_seg = body["next_segment"]
         self._reserve_rids(self._next_rid)
+        sums: dict[str, dict[str, int]] = body.get("files") or {}
+
+        def checked(name: str) -> Path:
+            """The file, once its size and CRC-32 match the manifest's (raises if not)."""
+            verify_file(path / name, sums.get(name))
+            if name in sums:
+                self._sums[name] = sums[name]
+            return path / name
+
         for entry in body["segments"]:
-            rows = read_rows(path / entry["file"], self._dim)
+            rows = read_rows(checked(entry["file"]), self._dim)
             seg = Segment.from_rows(
                 entry["id"],
                 rows,
@@ -1068,13 +1091,17 @@ class LsmIndex:
             if entry["sealed"]:
                 seg.file = entry["file"]
                 if entry.get("ann"):
-                    seg.ann = load_hnsw(
-                        str(path / entry["ann"]), seg.vectors[: seg.n], self._spec.ann
-                    )
-                    if seg.ann is None:
-                        self._failed_ann.add(seg.id)
+                    try:
+                        ann_path = checked(entry["ann"])
+                    except CorruptStateError as exc:
+                        # Rebuilt from the segment's vectors; searched exactly meanwhile.
+                        log.warning("%s; its graph will be built again", exc.args[0])
                     else:
-                        seg.ann_file = entry["ann"]
+                        seg.ann = load_hnsw(str(ann_path), seg.vectors[: seg.n], self._spec.ann)
+                        if seg.ann is None:
+                            self._failed_ann.add(seg.id)
+                        else:
+                            seg.ann_file = entry["ann"]
             elif self._growing is None or self._growing.id < seg.id:
                 # One growing segment (format 1 had one per day: the others are sealed).
                 if self._growing is not None:
@@ -1085,7 +1112,7 @@ class LsmIndex:
             self._segments[seg.id] = seg
             self._rid_seg[rows.rids] = seg.id
             self._rid_row[rows.rids] = np.arange(seg.n)
-        stamps = read_table(path / body["stamps"])
+        stamps = read_table(checked(body["stamps"]))
         rids = stamps["rid"]
         if rids.size:
             dead = stamps.get("dead")
@@ -1104,7 +1131,7 @@ class LsmIndex:
                 seg.valid_to[local[sel]] = stamps["valid_to"][sel]
                 seg.dead[local[sel]] = dead[sel]
                 seg.refresh_bounds()
-        deletes = read_table(path / body["deletes"])
+        deletes = read_table(checked(body["deletes"]))
         self._deletes = list(
             zip(
                 deletes["tenant"],
@@ -1115,7 +1142,7 @@ class LsmIndex:
                 strict=True,
             )
         )
-        highs = read_table(path / body["epochs"])["high"]
+        highs = read_table(checked(body["epochs"]))["high"]
         self._epoch_high = np.full(max(1024, highs.size * 2), MIN_TIMESTAMP, np.int64)
         self._epoch_high[: highs.size] = highs
         self._high = body["high"]
@@ -1125,7 +1152,7 @@ class LsmIndex:
         self._last_compaction_us = body["last_compaction_us"]
         self._checkpoint_epoch = body["epoch"]
         if body.get("cursor"):
-            self._cursor = read_cursor(path / body["cursor"])
+            self._cursor = read_cursor(checked(body["cursor"]))
         self._rebuild_docs()
         self._manifest = self._make_manifest(
             body["epoch"], body["parent"], body["committed_at_us"], body["restored_from"]
@@ -1217,6 +1244,7 @@ class LsmIndex:
             checkpoint_epoch=self._checkpoint_epoch,
             history_floor_us=man.history_floor_us,
             epoch_floor=man.epoch_floor,
+            wal_torn_tails=self._wal.torn_tails if self._wal is not None else 0,
         )
 
     def __repr__(self) -> str:

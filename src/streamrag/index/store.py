@@ -10,12 +10,19 @@ no manifest names are leftovers of an interrupted checkpoint and are deleted.
 Segment bodies are Arrow IPC files: vectors as a fixed-size list of float32,
 ids, event times and epochs as integer columns, strings as strings and the
 documents' metadata as JSON text.
+
+**Checksums.** Every file a manifest names is listed in it with its size and
+CRC-32 (:func:`file_checksum`), and the manifest carries the CRC-32 of its own
+body. Opening verifies each file before reading it (:func:`verify_file`): a
+flipped byte raises :class:`~streamrag.errors.CorruptStateError` naming the
+file, so damaged state is never served.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,15 +30,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.errors import IndexStoreError, MissingDependencyError
+from streamrag.errors import CorruptStateError, IndexStoreError, MissingDependencyError
 from streamrag.index.segment import Rows
 from streamrag.index.wal import fsync_dir
 
 __all__ = [
+    "file_checksum",
     "load_arrow",
     "read_manifest",
     "read_rows",
     "read_table",
+    "verify_file",
     "write_atomic",
     "write_manifest",
     "write_rows",
@@ -98,7 +107,9 @@ def _read_ipc(path: Path) -> Any:
     try:
         with pa.memory_map(str(path), "r") as source:
             return pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid) as exc:
+    except pa.ArrowInvalid as exc:
+        raise CorruptStateError(path, f"not a readable Arrow file ({exc})") from None
+    except OSError as exc:
         msg = f"cannot read index file {path}: {exc}"
         raise IndexStoreError(msg) from exc
 
@@ -209,9 +220,46 @@ def read_table(path: Path) -> dict[str, Any]:
     return out
 
 
+def file_checksum(path: Path) -> dict[str, int]:
+    """A file's size and CRC-32, as a manifest lists them."""
+    crc = 0
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(1 << 20):
+                crc = zlib.crc32(block, crc)
+                size += len(block)
+    except OSError as exc:
+        msg = f"cannot read index file {path}: {exc}"
+        raise IndexStoreError(msg) from exc
+    return {"bytes": size, "crc32": crc}
+
+
+def verify_file(path: Path, expected: dict[str, int] | None) -> None:
+    """Check a file against the size and CRC-32 its manifest lists (None: not listed)."""
+    if expected is None:
+        return
+    if not path.exists():
+        raise CorruptStateError(path, "the manifest names it but it is missing")
+    found = file_checksum(path)
+    if found["bytes"] != expected["bytes"]:
+        detail = f"{found['bytes']} bytes where the manifest says {expected['bytes']}"
+        raise CorruptStateError(path, detail)
+    if found["crc32"] != expected["crc32"]:
+        detail = f"CRC-32 {found['crc32']:08x} where the manifest says {expected['crc32']:08x}"
+        raise CorruptStateError(path, detail)
+
+
+def _manifest_crc(body: dict[str, Any]) -> int:
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return zlib.crc32(canon)
+
+
 def write_manifest(path: Path, body: dict[str, Any]) -> None:
     """Write a checkpoint manifest (JSON), atomically; the checkpoint's last step."""
-    data = json.dumps({"format": FORMAT, **body}, indent=1, sort_keys=True).encode()
+    full = {"format": FORMAT, **body}
+    full["checksum"] = _manifest_crc(full)
+    data = json.dumps(full, indent=1, sort_keys=True).encode()
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as fh:
@@ -239,9 +287,11 @@ def read_cursor(path: Path) -> dict[str, Any]:
 
     try:
         body: dict[str, Any] = msgspec.msgpack.decode(path.read_bytes())
-    except (OSError, msgspec.DecodeError) as exc:
+    except OSError as exc:
         msg = f"cannot read the stream cursor {path}: {exc}"
         raise IndexStoreError(msg) from exc
+    except msgspec.DecodeError as exc:
+        raise CorruptStateError(path, f"not a valid cursor ({exc})") from None
     return body
 
 
@@ -249,9 +299,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """Read a checkpoint manifest."""
     try:
         body: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         msg = f"cannot read index manifest {path}: {exc}"
         raise IndexStoreError(msg) from exc
+    except ValueError as exc:
+        raise CorruptStateError(path, f"not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise CorruptStateError(path, "not a JSON object")
+    if "checksum" in body:
+        want = body.pop("checksum")
+        if _manifest_crc(body) != want:
+            raise CorruptStateError(path, "its content does not match its own CRC-32")
+    elif body.get("format") == FORMAT:
+        raise CorruptStateError(path, "its checksum is missing")
     if body.get("format") not in _READS:
         msg = (
             f"index manifest {path} has format {body.get('format')!r}; this streamrag reads "

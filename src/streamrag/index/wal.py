@@ -9,9 +9,14 @@ record's cursor says where the stream resumes.
 
 A record is framed as ``length (u32) | crc32 (u32) | payload (msgpack)``. A
 crash in the middle of an append leaves a torn last record: its length runs
-past the end of the file or its checksum does not match. Reading stops there,
-and :meth:`WriteAheadLog.open` cuts the file back to the last whole record so
-that new records follow it cleanly.
+past the end of the file or its checksum does not match, and no whole record
+follows it. Replay cuts the file back to the last whole record (logged, and
+counted in ``torn_tails``) so that new records follow it cleanly — that record
+was never acknowledged. A bad record *followed by* whole ones is something
+else: the file was damaged after it was written (a flipped byte, a bad disk).
+The records after it were acknowledged and cannot be applied without it, so
+replay refuses (:class:`~streamrag.errors.CorruptStateError`, naming the file
+and the byte) instead of dropping them silently.
 
 The log is a series of files ``wal-<first epoch>.log``; a checkpoint starts a
 new file and deletes the ones whose records it covers.
@@ -20,6 +25,7 @@ new file and deletes the ones whose records it covers.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import zlib
@@ -32,10 +38,12 @@ import msgspec
 import numpy as np
 
 from streamrag.changes import Op
-from streamrag.errors import IndexStoreError
+from streamrag.errors import CorruptStateError, IndexStoreError
 from streamrag.index.base import CommitBatch, DocOp
 
 __all__ = ["WalRecord", "WriteAheadLog", "fsync_dir"]
+
+log = logging.getLogger("streamrag.index")
 
 _HEADER = struct.Struct("<II")
 _encode = msgspec.msgpack.Encoder().encode
@@ -117,19 +125,64 @@ def decode_payload(payload: bytes) -> WalRecord:
     return WalRecord(obj["e"], obj["t"], batch)
 
 
+def _whole_at(data: bytes, pos: int) -> int | None:
+    """The end of a whole record that starts at ``pos``, or None."""
+    if pos + _HEADER.size > len(data):
+        return None
+    length, crc = (int(x) for x in _HEADER.unpack_from(data, pos))
+    start = pos + _HEADER.size
+    if length == 0 or start + length > len(data):
+        return None  # a real record is never empty; zeros are not one
+    if zlib.crc32(data[start : start + length]) != crc:
+        return None
+    return start + length
+
+
+def _next_whole(data: bytes, bad: int) -> int | None:
+    """Where a whole record starts after the bad one at ``bad``, if any does.
+
+    The bad record's own length is tried first (a flipped byte in its payload
+    leaves it right), then every later byte.
+    """
+    if bad + _HEADER.size <= len(data):
+        length = int(_HEADER.unpack_from(data, bad)[0])
+        nxt = bad + _HEADER.size + length
+        if nxt < len(data) and _whole_at(data, nxt) is not None:
+            return nxt
+    for pos in range(bad + 1, len(data) - _HEADER.size + 1):
+        if _whole_at(data, pos) is not None:
+            return pos
+    return None
+
+
 def read_records(path: Path) -> tuple[list[WalRecord], int]:
-    """Every whole record of one file, and the byte length they occupy."""
+    """Every whole record of one file, and the byte length they occupy.
+
+    Stops at a torn tail; raises :class:`CorruptStateError` at a bad record that
+    whole records follow.
+    """
     data = path.read_bytes()
     records: list[WalRecord] = []
     pos = 0
     while pos + _HEADER.size <= len(data):
-        length, crc = _HEADER.unpack_from(data, pos)
-        start = pos + _HEADER.size
-        payload = data[start : start + length]
-        if len(payload) < length or zlib.crc32(payload) != crc:
+        end = _whole_at(data, pos)
+        if end is None:
+            later = _next_whole(data, pos)
+            if later is not None:
+                detail = (
+                    f"the record at byte {pos} fails its CRC-32 and whole records follow it "
+                    f"(the next at byte {later}); they were acknowledged and cannot be applied "
+                    "without it"
+                )
+                raise CorruptStateError(path, detail)
             break  # a torn write: the record was never acknowledged
-        records.append(decode_payload(payload))
-        pos = start + length
+        try:
+            records.append(decode_payload(data[pos + _HEADER.size : end]))
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CorruptStateError(
+                path, f"the record at byte {pos} does not decode ({exc})"
+            ) from None
+        pos = end
     return records, pos
 
 
@@ -141,6 +194,9 @@ class WriteAheadLog:
         self.fsync = fsync
         self._fh: BinaryIO | None = None
         self.current: Path | None = None
+        self.torn_tails = 0
+        """Torn last records cut off by replays (each one a crash in the middle of a commit)."""
+        self.torn_bytes = 0
 
     @staticmethod
     def files(directory: Path) -> list[tuple[int, Path]]:
@@ -158,7 +214,16 @@ class WriteAheadLog:
         expected = after_epoch + 1
         for _, path in self.files(self.dir):
             records, good = read_records(path)
-            if good < path.stat().st_size:
+            size = path.stat().st_size
+            if good < size:
+                log.info(
+                    "write-ahead log %s: cut off a torn last record (%d bytes) left by a crash "
+                    "in the middle of a commit; it was never acknowledged",
+                    path,
+                    size - good,
+                )
+                self.torn_tails += 1
+                self.torn_bytes += size - good
                 with open(path, "r+b") as fh:
                     fh.truncate(good)
                     os.fsync(fh.fileno())
@@ -166,12 +231,11 @@ class WriteAheadLog:
                 if rec.epoch <= after_epoch:
                     continue
                 if rec.epoch != expected:
-                    msg = (
-                        f"write-ahead log {path} jumps from epoch {expected - 1} to {rec.epoch}; "
-                        f"the index directory {self.dir} is damaged — restore it from a backup "
-                        f"or delete it and replay the input"
+                    detail = (
+                        f"the log jumps from epoch {expected - 1} to {rec.epoch} (a file before "
+                        "it lost records)"
                     )
-                    raise IndexStoreError(msg)
+                    raise CorruptStateError(path, detail)
                 expected += 1
                 yield rec
 

@@ -241,6 +241,11 @@ class _IndexCollector(Collector):
         ("tombstone_ratio", "streamrag_index_tombstone_ratio", "Tombstoned rows / rows."),
         ("bytes", "streamrag_index_bytes", "Memory held by segments and ANN structures."),
         ("compactions", "streamrag_index_compactions", "Compactions since the index was created."),
+        (
+            "wal_torn_tails",
+            "streamrag_index_wal_torn_tails",
+            "Torn last write-ahead-log records cut off when the index opened.",
+        ),
     )
 
     def __init__(self, health: Callable[[], Any]) -> None:

@@ -178,6 +178,10 @@ class Service:
             self.embedder.embed_many(list(texts)), len(texts), self.embedder.dim, "embedder"
         )
 
+    def _torn_tails(self) -> int:
+        health = getattr(self.index, "health", None)
+        return int(health().wal_torn_tails) if callable(health) else 0
+
     def status(self) -> dict[str, Any]:
         """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""
         st = self.pipeline.stats
@@ -235,6 +239,9 @@ class Service:
                 "waiting_at_resume": self.resumed_at["waiting"],
                 "replayed": st.replayed,
                 "skipped": st.skipped,
+                "wal_torn_tails": self._torn_tails(),
+                # Set when a damaged index was moved aside and is rebuilt from the sources.
+                "rebuilt_from_source": getattr(self.index, "rebuilt", None),
             },
             "counts": {
                 "ingested": st.ingested,
