@@ -334,6 +334,9 @@ class ServeSettings(_Frozen):
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on.")
     max_k: int = Field(100, gt=0, description="Largest k a query may ask for.")
+    max_body_bytes: int = Field(
+        1 << 20, gt=0, description="Largest request body; a larger one gets a 413."
+    )
     query_workers: int = Field(
         2, ge=1, description="Threads that embed and search query batches (one per core)."
     )

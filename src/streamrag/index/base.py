@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from streamrag.changes import Op
 from streamrag.errors import QueryError
-from streamrag.timing import Timestamp
+from streamrag.timing import Timestamp, format_timestamp
 
 __all__ = [
     "CommitBatch",
@@ -202,8 +202,8 @@ class SearchFilter:
     def __post_init__(self) -> None:
         if self.start_us is not None and self.end_us is not None and self.start_us >= self.end_us:
             msg = (
-                f"time_range is empty: start ({self.start_us} µs) is not before end "
-                f"({self.end_us} µs); give a start earlier than the end"
+                f"time_range is empty: its start {format_timestamp(self.start_us)} is not "
+                f"before its end {format_timestamp(self.end_us)}; give a start earlier than the end"
             )
             raise QueryError(msg)
         if self.epoch is not None and self.epoch < 0:

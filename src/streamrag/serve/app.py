@@ -20,11 +20,13 @@ from that one committed epoch. Answers do too, and name the passages they cite.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -35,6 +37,7 @@ from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import SemanticCache
 from streamrag.serve.context import load_reranker
+from streamrag.serve.errors import BodyLimit, error_body, validation_body
 from streamrag.serve.generator import ChatClient
 from streamrag.serve.openai_api import router as openai_router
 from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
@@ -50,6 +53,8 @@ from streamrag.serve.tokens import build_counter
 from streamrag.timing import format_timestamp
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("streamrag.serve")
 
 
 def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
@@ -91,13 +96,26 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     max_k = service.settings.serve.max_k
 
     @app.exception_handler(StreamragError)
-    async def _streamrag_error(request: Request, exc: StreamragError) -> JSONResponse:
+    async def _streamrag_error(request: Request, exc: StreamragError) -> Response:
         status = (
             400 if isinstance(exc, QueryError) else 502 if isinstance(exc, GeneratorError) else 500
         )
-        return JSONResponse(
-            {"error": {"type": type(exc).__name__, "message": str(exc)}}, status_code=status
+        body = error_body(type(exc).__name__, str(exc))
+        return Response(encode_json(body), status_code=status, media_type="application/json")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        body = validation_body(exc.errors())
+        return Response(encode_json(body), status_code=422, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("%s %s failed", request.method, request.url.path)
+        body = error_body(
+            "InternalError",
+            f"{type(exc).__name__} while answering {request.url.path}; the server logged it",
         )
+        return Response(encode_json(body), status_code=500, media_type="application/json")
 
     @app.post(
         "/v1/retrieve",
@@ -121,6 +139,8 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         return Response(data, status_code=status, media_type="application/json")
 
     app.add_middleware(RetrieveASGI, max_k=max_k)
+    # Outermost: no route ever reads more than serve.max_body_bytes.
+    app.add_middleware(BodyLimit, max_bytes=service.settings.serve.max_body_bytes)
     _add_schema(app, RetrieveRequest)
 
     @app.post("/v1/answer", response_model=None)

@@ -1,14 +1,30 @@
-"""Request and response bodies of the HTTP API, with a description and an example per field."""
+"""Request and response bodies of the HTTP API, with a description and an example per field.
+
+**Limits.** Every request is bounded, so that no single one can cost seconds of
+work and hold up the others: a query of at most :data:`MAX_QUERY_CHARS`
+characters, at most :data:`MAX_FILTER_KEYS` metadata conditions with at most
+:data:`MAX_FILTER_VALUES` values each (the same bound for lists of document ids
+and domains), at most :data:`MAX_MESSAGES` chat messages of at most
+:data:`MAX_MESSAGE_CHARS` characters, at most :data:`MAX_EMBED_INPUTS` texts to
+embed. A request over a limit gets a 422 that names the limit. The body itself
+is bounded by ``serve.max_body_bytes`` (a 413).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from streamrag.timing import parse_timestamp
 
 __all__ = [
+    "MAX_EMBED_INPUTS",
+    "MAX_FILTER_KEYS",
+    "MAX_FILTER_VALUES",
+    "MAX_MESSAGES",
+    "MAX_MESSAGE_CHARS",
+    "MAX_QUERY_CHARS",
     "AnswerRequest",
     "ChatCompletionRequest",
     "ChatMessage",
@@ -24,8 +40,22 @@ __all__ = [
 ]
 
 
+MAX_QUERY_CHARS = 10_000
+"""Longest query (characters)."""
+MAX_FILTER_KEYS = 32
+"""Most metadata conditions in one filter."""
+MAX_FILTER_VALUES = 1_024
+"""Most values in one list of a filter (document ids, domains, metadata values)."""
+MAX_MESSAGES = 64
+"""Most messages in one chat request."""
+MAX_MESSAGE_CHARS = 65_536
+"""Longest chat message (characters)."""
+MAX_EMBED_INPUTS = 256
+"""Most texts in one embeddings request (each at most MAX_QUERY_CHARS characters)."""
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class MetaRange(_Model):
@@ -41,12 +71,18 @@ MetaScalar = str | int | float | bool
 class Filters(_Model):
     """Which documents a query may see. Applied before ranking."""
 
-    tenant: str = Field("default", description="Tenant to search.", examples=["default"])
+    tenant: str = Field(
+        "default", min_length=1, description="Tenant to search.", examples=["default"]
+    )
     domain: str | list[str] | None = Field(
-        None, description="One domain or a list of domains.", examples=["ops"]
+        None,
+        description=f"One domain or a list of up to {MAX_FILTER_VALUES:,}.",
+        examples=["ops"],
     )
     doc_id: str | list[str] | None = Field(
-        None, description="One document id or a list.", examples=["runbook-7"]
+        None,
+        description=f"One document id or a list of up to {MAX_FILTER_VALUES:,}.",
+        examples=["runbook-7"],
     )
     metadata: dict[str, MetaScalar | list[MetaScalar] | MetaRange] | None = Field(
         None,
@@ -54,6 +90,45 @@ class Filters(_Model):
         "(equality), a list (any of), or {gte, lt} (numeric range).",
         examples=[{"lang": "en", "team": ["db", "sre"], "year": {"gte": 2020}}],
     )
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant(cls, value: str) -> str:
+        if not value.strip():
+            msg = "tenant is blank; omit it for the default tenant, or name a tenant"
+            raise ValueError(msg)
+        return value
+
+    @field_validator("domain", "doc_id")
+    @classmethod
+    def _short_list(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_FILTER_VALUES:
+            msg = (
+                f"{len(value):,} values: a list holds at most {MAX_FILTER_VALUES:,}; split the "
+                "request, or filter on metadata instead"
+            )
+            raise ValueError(msg)
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _few_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_FILTER_KEYS:
+            msg = (
+                f"{len(value):,} metadata conditions: a filter holds at most {MAX_FILTER_KEYS}; "
+                "keep the ones that narrow the search most"
+            )
+            raise ValueError(msg)
+        for key, cond in value.items():
+            if isinstance(cond, list) and len(cond) > MAX_FILTER_VALUES:
+                msg = (
+                    f"metadata condition {key!r} lists {len(cond):,} values; at most "
+                    f"{MAX_FILTER_VALUES:,}"
+                )
+                raise ValueError(msg)
+        return value
 
 
 class TimeRange(_Model):
@@ -111,10 +186,18 @@ class RetrieveRequest(RetrievalOptions):
     query: str = Field(
         ...,
         min_length=1,
-        max_length=10_000,
-        description="Question or keywords.",
+        max_length=MAX_QUERY_CHARS,
+        description=f"Question or keywords (at most {MAX_QUERY_CHARS:,} characters).",
         examples=["how do I rotate the database password?"],
     )
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            msg = "query is blank; send a question or keywords"
+            raise ValueError(msg)
+        return value
 
 
 class AnswerRequest(RetrieveRequest):
@@ -170,7 +253,7 @@ class RollbackRequest(_Model):
 class _OpenAIModel(BaseModel):
     """OpenAI-compatible bodies accept and ignore parameters streamrag does not use."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class ContentPart(_OpenAIModel):
@@ -185,6 +268,17 @@ class ChatMessage(_OpenAIModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> ChatMessage:
+        size = len(self.text())
+        if size > MAX_MESSAGE_CHARS:
+            msg = (
+                f"a message of {size:,} characters: at most {MAX_MESSAGE_CHARS:,} per message; "
+                "send the question, not the documents (streamrag retrieves those)"
+            )
+            raise ValueError(msg)
+        return self
 
     def text(self) -> str:
         """The message's text (text parts joined)."""
@@ -209,7 +303,7 @@ class ChatCompletionRequest(_OpenAIModel):
     """
 
     model: str = Field("streamrag", description="Echoed back; the configured LLM answers.")
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, gt=0)
@@ -225,8 +319,24 @@ class EmbeddingsRequest(_OpenAIModel):
     """``POST /v1/embeddings``: vectors from the index's own embedder."""
 
     input: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="A text or a list of texts (token arrays are not accepted)."
+        ...,
+        description=f"A text or a list of up to {MAX_EMBED_INPUTS} texts of up to "
+        f"{MAX_QUERY_CHARS:,} characters (token arrays are not accepted).",
     )
+
+    @field_validator("input")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        texts = [value] if isinstance(value, str) else value
+        if len(texts) > MAX_EMBED_INPUTS:
+            msg = f"{len(texts):,} inputs: at most {MAX_EMBED_INPUTS} per request"
+            raise ValueError(msg)
+        for t in texts:
+            if isinstance(t, str) and len(t) > MAX_QUERY_CHARS:
+                msg = f"an input of {len(t):,} characters: at most {MAX_QUERY_CHARS:,}"
+                raise ValueError(msg)
+        return value
+
     model: str = Field("", description="Echoed back; the configured embedder is used.")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, gt=0)
