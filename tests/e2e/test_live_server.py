@@ -228,3 +228,32 @@ def test_serves_an_empty_input_and_picks_up_a_file_created_later(
     assert (empty["epoch"], empty["results"]) == (0, [])
     _append(folder / "first.jsonl", change_line("late-file", "2024-01-01T00:00:00Z", "hello"))
     wait_for(lambda: _docs(server, "hello", "late-file"), 10, "the document in the new file")
+
+
+def test_serve_says_where_it_serves_and_that_its_source_is_missing(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    missing = tmp_path / "not-there.jsonl"
+    server = start_server(
+        "serve",
+        "--set",
+        f"source.path={missing}",
+        "--set",
+        f"state_dir={tmp_path / 'state'}",
+        "--set",
+        "embedder.class=hashing",
+    )
+    server.wait_ready()
+    log = wait_for(
+        lambda: "does not exist" in server.log.read_text() and server.log.read_text(),
+        10,
+        "the warning",
+    )
+    assert f"serving http://127.0.0.1:{server.port}" in log
+    assert str(missing) in log
+    assert server.status()["source"] == {"path": str(missing), "exists": False}
+    # Once the file appears it is read.
+    _append(missing, change_line("late-file", "2024-01-01T00:00:00Z", "arrived later"))
+    wait_for(lambda: _docs(server, "arrived later", "late-file"), 10, "the first document")
+    assert server.status()["source"]["exists"] is True
+    assert server.stop() == 0

@@ -262,10 +262,13 @@ def test_http_as_of_epoch_and_rollback(client: TestClient) -> None:
     assert meta.status_code == 400
     undo = client.post("/v1/admin/rollback", json={"epoch": 1})
     assert undo.status_code == 200
-    assert undo.json() == {"epoch": now["epoch"] + 1, "restored_from": 1}
+    assert undo.json() == {"epoch": now["epoch"] + 1, "restored_from": 1, "changed": True}
     after = client.post("/v1/retrieve", json=body).json()
     assert [r["text"] for r in after["results"]] == ["rotate the database password"]
     assert client.post("/v1/admin/rollback", json={"epoch": 99}).status_code == 400
+    latest = client.post("/v1/admin/rollback", json={"epoch": now["epoch"] + 1}).json()
+    assert latest["changed"] is False
+    assert "nothing to roll back" in latest["message"]
     metrics = client.get("/metrics").text
     assert "streamrag_index_segments" in metrics
     assert "streamrag_index_tombstone_ratio" in metrics

@@ -195,6 +195,11 @@ class Service:
         body: dict[str, Any] = {
             "epoch": idx.epoch,
             "watermark": _time(wm),
+            "source": {
+                "path": str(self.settings.source.path),
+                # A missing path is read once it appears; until then nothing is ingested.
+                "exists": self.settings.source.path.exists(),
+            },
             "event_time": {
                 "watermark": _time(wm),
                 "lag_s": None if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP) else (now - wm) / US_PER_S,

@@ -228,10 +228,15 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         except IndexStoreError as exc:
             err = {"type": "IndexStoreError", "message": str(exc)}
             return JSONResponse({"error": err}, status_code=400)
+        if epoch == body.epoch:  # it was the latest epoch already
+            msg = f"epoch {epoch} is the latest epoch: there is nothing to roll back"
+            return JSONResponse(
+                {"epoch": epoch, "restored_from": body.epoch, "changed": False, "message": msg}
+            )
         cache = app.state.answerer.cache
         if cache is not None:
             cache.clear()  # answers read before the rollback may cite what it undid
-        return JSONResponse({"epoch": epoch, "restored_from": body.epoch})
+        return JSONResponse({"epoch": epoch, "restored_from": body.epoch, "changed": True})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -247,7 +247,7 @@ class RetrieveResponse(_Model):
 class RollbackRequest(_Model):
     """``POST /v1/admin/rollback``: make an earlier epoch's documents current again."""
 
-    epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[41])
+    epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[20])
 
 
 class _OpenAIModel(BaseModel):
