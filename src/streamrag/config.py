@@ -498,6 +498,12 @@ class Settings(_Frozen):
         description="Threads per matrix product (OpenBLAS). One is fastest on small shared "
         "hosts: parallelism comes from concurrent requests and pipeline stages.",
     )
+    stop_timeout_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a graceful stop (SIGTERM, Ctrl-C) may spend committing what is "
+        "pending; changes not embedded by then are read again on restart (nothing is lost).",
+    )
     source: SourceSettings = SourceSettings()
     ingest: IngestSettings = IngestSettings()
     chunking: ChunkingSettings = ChunkingSettings()

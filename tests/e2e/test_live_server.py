@@ -178,6 +178,7 @@ def test_a_second_sigterm_exits_at_once_and_the_restart_loses_nothing(
     cfg.write_text(  # pending until shutdown, then a flush that takes about 15 s
         f"source: {{path: {data}}}\nstate_dir: {state}\nbatcher: {{max_delay_ms: 600000}}\n"
         'embedder: {class: "tests.runtime.embedders:Slow", args: {dim: 64, texts_per_s: 20}}\n'
+        "stop_timeout_s: 600\n"  # this test wants the long flush, to interrupt it
     )
     server = start_server("run", str(cfg))
     server.wait_ready()
@@ -257,3 +258,57 @@ def test_serve_says_where_it_serves_and_that_its_source_is_missing(
     wait_for(lambda: _docs(server, "arrived later", "late-file"), 10, "the first document")
     assert server.status()["source"]["exists"] is True
     assert server.stop() == 0
+
+
+def test_sigterm_with_a_backlog_stops_in_bounded_time_and_loses_nothing(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    data = tmp_path / "backlog.jsonl"
+    _append(
+        data, *(change_line(f"b-{i}", "2024-01-01T00:00:00Z", f"backlog {i}") for i in range(2000))
+    )
+    state = tmp_path / "st"
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(  # 2,000 changes at 50 texts/s: 40 s of embedding
+        f"source: {{path: {data}}}\nstate_dir: {state}\nstop_timeout_s: 2\n"
+        "batcher: {max_batch_size: 32}\n"
+        'embedder: {class: "tests.runtime.embedders:Slow", args: {dim: 64, texts_per_s: 50}}\n'
+    )
+    server = start_server("run", str(cfg))
+    server.wait_ready()
+    wait_for(lambda: server.status()["epoch"] >= 3, 60, "a few commits")
+    before = server.status()["counts"]["applied"]
+    stopped = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.proc.wait(30)
+    took = time.monotonic() - stopped
+    assert code == 0
+    assert took < 15  # the stop deadline (2 s), one embed call and a checkpoint; not ~35 s
+    log = server.log.read_text()
+    assert "stopped at epoch" in log
+
+    # The restart reads again what was not committed and applies every change once.
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(
+        f"source: {{path: {data}}}\nstate_dir: {state}\n"
+        "embedder: {class: hashing, args: {dim: 64}}\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrag", "run", str(fast), "--once"],
+        cwd=root,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    status = json.loads(done.stdout)
+    assert status["counts"]["applied"] == 2000
+    assert status["counts"]["ingested"] == 2000
+    assert status["index"]["live_docs"] == 2000
+    assert status["recovery"]["resumed_from_epoch"] is not None
+    assert status["recovery"]["ingested_before"] >= before

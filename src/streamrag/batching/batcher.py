@@ -343,11 +343,13 @@ class MicroBatcher:
 
     # -- taking ----------------------------------------------------------------
 
-    def take(self) -> PendingBatch:
+    def take(self, max_chunks: int | None = None) -> PendingBatch:
         """Cut the most urgent batch: expired deadlines first, then full, then closed buckets.
 
         Without a due partition (a forced flush), partitions go oldest first and
         the batch is filled from as many of them as fit, each kept together.
+        ``max_chunks`` caps the batch below the usual size (a change's chunks are
+        never split, so one change always fits).
         """
         with self._lock:
             now = self._clock.now_us()
@@ -366,10 +368,12 @@ class MicroBatcher:
                 keys += [c[2] for c in candidates[1:] if c[0] == 0]
             elif reason is None:  # forced (a drain or a bounded replay): fill the batch
                 keys += [c[2] for c in candidates[1:]]
-            return self._cut(keys, reason or "forced", now)
+            cap = self.target_size if max_chunks is None else min(self.target_size, max_chunks)
+            return self._cut(keys, reason or "forced", now, cap)
 
-    def _cut(self, keys: list[Hashable], reason: str, now: Timestamp) -> PendingBatch:
-        size_cap = self.target_size
+    def _cut(
+        self, keys: list[Hashable], reason: str, now: Timestamp, size_cap: int
+    ) -> PendingBatch:
         token_cap = self.max_batch_tokens
         taken: list[_Segment] = []
         meta: list[tuple[Hashable, int, Timestamp]] = []

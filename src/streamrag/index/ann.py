@@ -43,6 +43,7 @@ queries.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -51,9 +52,13 @@ import numpy.typing as npt
 
 from streamrag.errors import MissingDependencyError
 
+_BUILD_PART = 1024
+"""Rows an HNSW build inserts between two looks at whether it was cancelled (~0.5 s)."""
+
 __all__ = [
     "Ann",
     "AnnSpec",
+    "BuildCancelled",
     "HnswAnn",
     "IvfPqAnn",
     "build_ann",
@@ -117,13 +122,27 @@ def choose_ann(rows: int, spec: AnnSpec) -> AnnKind | None:
     return "ivfpq" if rows >= spec.ivfpq_min_rows else "hnsw"
 
 
-def build_ann(kind: AnnKind, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> Ann | None:
+class BuildCancelled(Exception):
+    """A build was given up because the index is closing (nothing is lost: it is rebuilt)."""
+
+
+def build_ann(
+    kind: AnnKind,
+    vectors: npt.NDArray[np.float32],
+    spec: AnnSpec,
+    cancelled: Callable[[], bool] | None = None,
+) -> Ann | None:
     """Build and calibrate a structure over ``vectors`` (unit rows).
 
     Returns None when it is not accurate enough on them. Slow — never on the
-    commit path.
+    commit path. ``cancelled`` is asked between parts of an HNSW build; when it
+    says so the build stops with :class:`BuildCancelled` (a stop need not wait
+    for a minute-long build).
     """
-    ann: Ann = HnswAnn.build(vectors, spec) if kind == "hnsw" else IvfPqAnn.build(vectors, spec)
+    if kind == "hnsw":
+        ann: Ann = HnswAnn.build(vectors, spec, cancelled)
+    else:
+        ann = IvfPqAnn.build(vectors, spec)
     return calibrate(ann, vectors, spec)
 
 
@@ -231,8 +250,17 @@ class HnswAnn:
         return True
 
     @classmethod
-    def build(cls, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> HnswAnn:
-        """Insert every row, one thread, deterministic under ``spec.seed``."""
+    def build(
+        cls,
+        vectors: npt.NDArray[np.float32],
+        spec: AnnSpec,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> HnswAnn:
+        """Insert every row, one thread, deterministic under ``spec.seed``.
+
+        Rows go in parts of ``_BUILD_PART`` (the same graph as one call: inserts
+        are sequential), so that ``cancelled`` can stop the build between parts.
+        """
         n, dim = vectors.shape
         index = _hnswlib().Index(space="ip", dim=dim)
         index.init_index(
@@ -242,7 +270,12 @@ class HnswAnn:
             random_seed=spec.seed,
         )
         index.set_num_threads(1)
-        index.add_items(np.ascontiguousarray(vectors), np.arange(n), num_threads=1)
+        data = np.ascontiguousarray(vectors)
+        for lo in range(0, n, _BUILD_PART):
+            if cancelled is not None and cancelled():
+                raise BuildCancelled
+            hi = min(n, lo + _BUILD_PART)
+            index.add_items(data[lo:hi], np.arange(lo, hi), num_threads=1)
         return cls(index, n, spec.hnsw_m, spec.hnsw_ef_search)
 
     def search(

@@ -52,7 +52,15 @@ import numpy.typing as npt
 
 from streamrag.changes import Op
 from streamrag.errors import CorruptStateError, IndexStoreError, QueryError
-from streamrag.index.ann import Ann, AnnSpec, build_ann, choose_ann, load_hnsw, recall_on
+from streamrag.index.ann import (
+    Ann,
+    AnnSpec,
+    BuildCancelled,
+    build_ann,
+    choose_ann,
+    load_hnsw,
+    recall_on,
+)
 from streamrag.index.base import (
     CommitBatch,
     CommitResult,
@@ -700,7 +708,9 @@ class LsmIndex:
         kind = choose_ann(seg.n, self._spec.ann)
         assert kind is not None
         try:
-            ann = build_ann(kind, seg.vectors[: seg.n], self._spec.ann)
+            ann = build_ann(kind, seg.vectors[: seg.n], self._spec.ann, self._closing)
+        except BuildCancelled:
+            return False  # the index is closing; the next open builds it
         except Exception as exc:
             self._failed_ann.add(seg.id)  # searched exactly from now on
             log.exception("building the %s structure of %r failed", kind, seg)
@@ -754,7 +764,12 @@ class LsmIndex:
         merged = Segment.from_rows(seg_id, rows, sealed=True)
         kind = choose_ann(merged.n, self._spec.ann)
         if kind is not None:
-            merged.ann = build_ann(kind, merged.vectors[: merged.n], self._spec.ann)
+            try:
+                merged.ann = build_ann(
+                    kind, merged.vectors[: merged.n], self._spec.ann, self._closing
+                )
+            except BuildCancelled:
+                return False  # closing: the segments stay as they were
         if self._path is not None and merged.n:
             self._write_segment(merged)
         with self._lock:
@@ -1159,6 +1174,10 @@ class LsmIndex:
         )
 
     # -- the maintenance thread --------------------------------------------------
+
+    def _closing(self) -> bool:
+        """True once :meth:`close` was called: long maintenance work gives up."""
+        return self._closed
 
     def _notify(self) -> None:
         if self._thread is not None:

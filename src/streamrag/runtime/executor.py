@@ -81,14 +81,19 @@ class PipelineRunner:
     def stop(self, timeout: float | None = None) -> None:
         """Ask the loops to stop, let them commit what is pending, and wait for them.
 
-        By default it waits as long as the last commit takes (a large batch on a
-        slow embedder can take a while); a second signal is the way out
-        (:mod:`streamrag.runtime.signals`).
+        With ``timeout`` (seconds) the committer commits pending changes only
+        until then, in small batches (:meth:`Pipeline.stop_by`); the rest is read
+        again on restart. The embed call under way when the stop came is let
+        finish. Without it, everything pending is committed, however long that
+        takes; a second signal is the way out (:mod:`streamrag.runtime.signals`).
         """
+        if timeout is not None:
+            pipeline = self.pipeline
+            pipeline.stop_by(pipeline.clock.now_us() + int(timeout * 1_000_000))
         self._stop.set()
         self._queued.set()
         for t in self._threads:
-            t.join(timeout)
+            t.join()
         self._threads = []
 
     # -- loops -----------------------------------------------------------------

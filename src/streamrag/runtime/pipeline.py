@@ -200,6 +200,8 @@ class Pipeline:
         self.commit_interval_us = commit_interval_ms * 1000
         self.history = history
         self._last_commit_at: Timestamp | None = None
+        self._stop_at: Timestamp | None = None  # a graceful stop commits until then
+        self._embed_rate = 0.0  # texts per second, recent embed calls
         self._in_flight = 0
         self._drained = False
         self._idle_poll_us: Timestamp = 0
@@ -541,10 +543,15 @@ class Pipeline:
         while batcher.pending and (force or batcher.due()):
             if not force and self._interval_left() > 0 and not batcher.full:
                 break
+            cap = None
+            if self._stop_at is not None:
+                if self.clock.now_us() >= self._stop_at:
+                    break  # the rest is read again on restart
+                cap = self._stop_batch()
             # Count the batch as in flight before it leaves the batcher, so that
             # another thread never sees it in neither place.
             self._in_flight = min(batcher.pending, batcher.max_batch_size)
-            taken = [batcher.take()]
+            taken = [batcher.take(cap)]
             if self.commit_interval_us:
                 while batcher.pending and (force or batcher.due()):
                     self._in_flight += min(batcher.pending, batcher.max_batch_size)
@@ -552,6 +559,18 @@ class Pipeline:
             self._commit(PendingBatch.merge(taken))
             done += 1
         return done
+
+    def stop_by(self, deadline_us: Timestamp) -> None:
+        """Stop gracefully: flushes commit small batches until ``deadline_us``, then no more.
+
+        What is still waiting then is not lost: it is uncommitted, so the cursor
+        of the last commit lists it and a restart reads it again.
+        """
+        self._stop_at = deadline_us
+
+    def _stop_batch(self) -> int:
+        """Chunks a stopping flush takes at once: about half a second of embedding."""
+        return max(1, int(self._embed_rate * 0.5)) if self._embed_rate > 0 else 16
 
     def _interval_left(self) -> int:
         if not self.commit_interval_us or self._last_commit_at is None:
@@ -596,9 +615,18 @@ class Pipeline:
         return self._drained and self.uncommitted == 0 and self.reader.backlog_bytes() == 0
 
     def close(self) -> None:
-        """Commit what is pending and release the source and the dead-letter file."""
+        """Commit what is pending and release the source and the dead-letter file.
+
+        After :meth:`stop_by`, only what can be committed before the deadline is;
+        the rest stays uncommitted and is read again on restart.
+        """
         try:
             self.flush(force=True)
+            if self._stop_at is not None and self.batcher.pending:
+                log.info(
+                    "stopped with %d changes not yet embedded; they are read again on restart",
+                    self.batcher.pending,
+                )
         finally:
             self.reader.close()
             self.dead_letters.close()
@@ -845,6 +873,11 @@ class Pipeline:
                 self.metrics.embed_retries.inc(out.calls - 1)
             took = max(0, self.clock.now_us() - started) / US_PER_S
             self.metrics.embed_seconds.observe(took)
+            if took > 0:
+                rate = len(part) / took
+                self._embed_rate = (
+                    rate if self._embed_rate == 0 else 0.8 * self._embed_rate + 0.2 * rate
+                )
             if controller is not None and not out.failed and out.calls == 1:
                 action = controller.observe(len(part), took, queued=self.batcher.pending_chunks)
                 self.metrics.batch_decisions.labels(action=action).inc()

@@ -148,8 +148,12 @@ class Service:
         self.runner.start()
 
     def stop(self) -> None:
-        """Commit what is pending, stop ingesting and close the index (a final checkpoint)."""
-        self.runner.stop()
+        """Stop ingesting, commit what is pending (within ``stop_timeout_s``), close the index.
+
+        Closing the index writes a final checkpoint when it persists; changes not
+        embedded in time are read again on restart.
+        """
+        self.runner.stop(self.settings.stop_timeout_s)
         close = getattr(self.index, "close", None)
         if callable(close):
             close()
