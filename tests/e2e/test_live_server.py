@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,3 +313,56 @@ def test_sigterm_with_a_backlog_stops_in_bounded_time_and_loses_nothing(
     assert status["index"]["live_docs"] == 2000
     assert status["recovery"]["resumed_from_epoch"] is not None
     assert status["recovery"]["ingested_before"] >= before
+
+
+def test_the_counts_add_up_at_every_moment_around_restarts(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
+    """ingested == applied + dead_lettered + pending in every status a client reads."""
+    import signal
+
+    data = tmp_path / "stream.jsonl"
+    lines = [change_line(f"s-{i}", "2024-01-01T00:00:00Z", f"change {i}") for i in range(3000)]
+    lines[100:100] = ["{broken", json.dumps({"doc_id": "no-text", "event_time": 1})]
+    _append(data, *lines)
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(  # slow enough that changes wait in the batcher at every commit
+        f"source: {{path: {data}, max_read_bytes: 20000}}\nstate_dir: {tmp_path / 'st'}\n"
+        "batcher: {max_batch_size: 64, max_delay_ms: 50}\nstop_timeout_s: 1\n"
+        'embedder: {class: "tests.runtime.embedders:Slow", args: {dim: 64, texts_per_s: 2000}}\n'
+    )
+    samples: list[dict[str, int]] = []
+
+    def sample(server: Server, until: Callable[[dict[str, Any]], bool], seconds: float) -> None:
+        import time
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                c = server.status()["counts"]
+            except Exception:  # not serving yet
+                continue
+            samples.append(c)
+            if until(c):
+                return
+
+    for restart in ("kill", "term", "none"):
+        server = start_server("run", str(cfg))
+        sample(server, lambda c: c["ingested"] > 0, 60)  # from the first answer on
+        sample(
+            server, lambda c: c["applied"] > 1000 or (c["pending"] == 0 and c["ingested"] > 0), 30
+        )
+        if restart == "kill":
+            server.proc.send_signal(signal.SIGKILL)
+            server.proc.wait(10)
+        elif restart == "term":
+            assert server.stop(signal.SIGTERM) == 0
+        else:
+            sample(server, lambda c: c["applied"] + c["dead_lettered"] == 3002, 120)
+    wrong = [
+        c for c in samples if c["ingested"] != c["applied"] + c["dead_lettered"] + c["pending"]
+    ]
+    assert len(samples) > 100
+    assert wrong == [], f"{len(wrong)} of {len(samples)} samples do not add up: {wrong[:3]}"
+    assert samples[-1]["applied"] == 3000
+    assert samples[-1]["dead_lettered"] == 2

@@ -44,7 +44,12 @@ an index without history would drop the others anyway.
 
 Accounting (invariant 4, nothing lost): every record read is either applied
 (committed, or found stale by last-writer-wins), dead-lettered with its reason,
-or not yet committed — ``ingested == applied + dead_lettered + uncommitted``.
+or not yet committed — ``ingested == applied + dead_lettered + uncommitted`` —
+and that holds at every moment another thread can look (:meth:`Pipeline.counts`):
+a record moves from one of those states to the next under one lock, from being
+read (decoded and chunked), to waiting in the batcher, to being embedded, to
+committed. After a restart the changes that were waiting at the last commit
+count as uncommitted until they are read again.
 Window side outputs (late changes, changes without the value a window needs)
 are also kept in the dead-letter store, under their own stages, but those
 changes are applied to the index all the same and are counted apart.
@@ -168,6 +173,8 @@ class Pipeline:
             )
             raise StreamragError(msg)
         self._guard: dict[str, tuple[int, frozenset[int]]] = {}
+        self._reading = 0  # records read and not yet queued or dead-lettered
+        self._unseen: dict[str, set[int]] = {}  # waiting at the last commit, not read again yet
         if cursor is not None:
             resume = self._rewind(cursor)
         self.reader = source.build(resume)
@@ -234,6 +241,7 @@ class Pipeline:
             if offsets:
                 resume[part] = min(resume.get(part, offsets[0]), offsets[0])
                 self._guard[part] = (positions.get(part, 0), frozenset(offsets))
+                self._unseen[part] = set(offsets)
         return resume
 
     def _restore(self, cursor: Mapping[str, Any]) -> None:
@@ -359,10 +367,11 @@ class Pipeline:
         if self._guard:
             raws = self._sift(raws, idle_since)
         n = sum(len(r) for r in raws)  # read for the first time
-        changes, letters = self.decoder.decode(raws)
         with self._stats_lock:
             self.stats.ingested += n
+            self._reading += n
         self.metrics.ingested.inc(n)
+        changes, letters = self.decoder.decode(raws)
         self._dead_letter(letters)
         if len(changes):
             self._event_time(changes)
@@ -396,13 +405,15 @@ class Pipeline:
         changes, prepared, letters = self._prepare(changes)
         self._dead_letter(letters)
         try:
-            self.batcher.add(
-                changes,
-                arrived_us=arrived_us,
-                prepared=prepared,
-                chunks=[len(p.chunks) if p else 1 for p in prepared],
-                tokens=[p.tokens if p else 0 for p in prepared],
-            )
+            with self._stats_lock:  # from being read to waiting, in one step
+                self.batcher.add(
+                    changes,
+                    arrived_us=arrived_us,
+                    prepared=prepared,
+                    chunks=[len(p.chunks) if p else 1 for p in prepared],
+                    tokens=[p.tokens if p else 0 for p in prepared],
+                )
+                self._reading -= len(changes)
         except Exception as exc:
             # Nothing of these changes is queued: each is dead-lettered, with the reason.
             log.exception("queueing %d changes failed", len(changes))
@@ -425,6 +436,7 @@ class Pipeline:
                 fresh.append(raw)
                 continue
             read_to, waiting = guard
+            unseen = self._unseen.get(raw.source, set())
             keep_l: list[bytes] = []
             new_l: list[bytes] = []
             keep_o: list[int] = []
@@ -443,6 +455,7 @@ class Pipeline:
                         keep_s[len(keep_l)] = sizes[i]
                     keep_l.append(line)
                     keep_o.append(off)
+                    unseen.discard(off)
                 else:
                     skipped += 1
             if keep_l:
@@ -451,7 +464,18 @@ class Pipeline:
                 fresh.append(RawBatch(raw.source, new_l, new_o, raw.end_offset, new_s or None))
             if raw.end_offset >= read_to:
                 del self._guard[raw.source]
+                lost = self._unseen.pop(raw.source, set())
+                if lost:
+                    log.error(
+                        "%s: %d changes that were waiting at the last commit were not found "
+                        "again (was the file rewritten?); offsets %s",
+                        raw.source,
+                        len(lost),
+                        sorted(lost)[:10],
+                    )
         if again:
+            with self._stats_lock:  # still uncommitted: from waiting-to-be-read to being read
+                self._reading += sum(len(r) for r in again)
             changes, letters = self.decoder.decode(again)
             self._dead_letter(letters)
             with self._stats_lock:
@@ -548,14 +572,16 @@ class Pipeline:
                 if self.clock.now_us() >= self._stop_at:
                     break  # the rest is read again on restart
                 cap = self._stop_batch()
-            # Count the batch as in flight before it leaves the batcher, so that
-            # another thread never sees it in neither place.
-            self._in_flight = min(batcher.pending, batcher.max_batch_size)
-            taken = [batcher.take(cap)]
+            # From waiting to being embedded in one step, so that another thread
+            # never sees a change in neither place or in both.
+            with self._stats_lock:
+                taken = [batcher.take(cap)]
+                self._in_flight = len(taken[0].changes)
             if self.commit_interval_us:
                 while batcher.pending and (force or batcher.due()):
-                    self._in_flight += min(batcher.pending, batcher.max_batch_size)
-                    taken.append(batcher.take())
+                    with self._stats_lock:
+                        taken.append(batcher.take())
+                        self._in_flight += len(taken[-1].changes)
             self._commit(PendingBatch.merge(taken))
             done += 1
         return done
@@ -597,8 +623,22 @@ class Pipeline:
 
     @property
     def uncommitted(self) -> int:
-        """Changes read but not yet committed: waiting in the batcher or being embedded."""
-        return self.batcher.pending + self._in_flight
+        """Records read but not yet committed or refused: being read, waiting, being embedded.
+
+        After a restart it includes the changes that were waiting at the last
+        commit and are not read again yet.
+        """
+        with self._stats_lock:
+            return self._uncommitted()
+
+    def _uncommitted(self) -> int:
+        unseen = sum(len(v) for v in self._unseen.values())
+        return self.batcher.pending + self._in_flight + self._reading + unseen
+
+    def counts(self) -> tuple[PipelineStats, int]:
+        """The counts and the uncommitted records at one instant (they always add up)."""
+        with self._stats_lock:
+            return replace(self.stats), self._uncommitted()
 
     @property
     def drained(self) -> bool:
@@ -634,15 +674,14 @@ class Pipeline:
     # -- one micro-batch -------------------------------------------------------
 
     def _commit(self, pending: PendingBatch) -> None:
-        self._in_flight = len(pending.changes)
         try:
             batch, result = self._apply(pending)
         except BaseException:
             # Nothing is lost: the batch goes back to the front and is retried.
-            self.batcher.put_back(pending)
+            with self._stats_lock:
+                self.batcher.put_back(pending)
+                self._in_flight = 0
             raise
-        finally:
-            self._in_flight = 0
         for hook in self.on_commit:  # after the commit: a failing hook cannot undo it
             hook(batch, result)
 
@@ -818,9 +857,10 @@ class Pipeline:
         st = self.stats
         stale += result.stale_docs
         delta["stale"] = stale
-        with self._stats_lock:
+        with self._stats_lock:  # from being embedded to applied (or refused), in one step
             for count, value in delta.items():
                 setattr(st, count, getattr(st, count) + value)
+            self._in_flight = 0
             st.last_commit_us = now
             st.last_freshness_us = now - pending.first_arrival_us
         m = self.metrics
@@ -885,11 +925,13 @@ class Pipeline:
         return poisoned
 
     def _dead_letter(self, letters: list[DeadLetter]) -> None:
+        """Store and count refused records that were being read (never queued)."""
         if not letters:
             return
         self.dead_letters.add_many(letters, self.clock.now_us())
         with self._stats_lock:
             self.stats.dead_lettered += len(letters)
+            self._reading -= len(letters)
         for letter in letters:
             self.metrics.dead_letters.labels(stage=letter.stage).inc()
             log.warning(

@@ -188,13 +188,13 @@ class Service:
 
     def status(self) -> dict[str, Any]:
         """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""
-        st = self.pipeline.stats
+        # The counts and what is uncommitted at one instant: they always add up.
+        st, pending = self.pipeline.counts()
         idx = self.index.stats()
         now = self.clock.now_us()
         wm = self.pipeline.watermark
         tracker = self.pipeline.event_time.tracker
         batcher = self.pipeline.batcher
-        pending = self.pipeline.uncommitted
         backlog = self.pipeline.reader.backlog_bytes()  # stats every file: read it once
         body: dict[str, Any] = {
             "epoch": idx.epoch,
