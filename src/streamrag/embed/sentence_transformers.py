@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.embed.memory import FreedMemory
 from streamrag.errors import EmbedderError, MissingDependencyError
 
 __all__ = ["DEFAULT_MODEL", "SentenceTransformerEmbedder"]
@@ -60,6 +61,7 @@ class SentenceTransformerEmbedder:
         self._counter: Any = None  # a tokenizer of its own for count_tokens
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
+        self._freed = FreedMemory()  # keeps RSS flat: see streamrag.embed.memory
 
     @property
     def dim(self) -> int:
@@ -144,6 +146,7 @@ class SentenceTransformerEmbedder:
             convert_to_numpy=True,
             show_progress_bar=False,
         )
+        self._freed.maybe()
         return np.asarray(vectors, dtype=np.float32)
 
     def __repr__(self) -> str:

@@ -83,8 +83,10 @@ from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Duration, Timestamp
 
 __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
 
-_MIN_READ = 1 << 16
-"""Smallest read while the batcher is nearly full, so reading still makes progress."""
+_MIN_READ = 1 << 14
+"""Smallest read while the batcher is nearly full, so reading still makes progress.
+
+(A reader returns at least one whole record, however long.)"""
 
 CURSOR_FORMAT = 1
 """Version of the cursor layout written with each commit."""
@@ -209,6 +211,7 @@ class Pipeline:
         self._last_commit_at: Timestamp | None = None
         self._stop_at: Timestamp | None = None  # a graceful stop commits until then
         self._embed_rate = 0.0  # texts per second, recent embed calls
+        self._bytes_per_chunk = 0.0  # of recent reads: sizes reads to the batcher's room
         self._in_flight = 0
         self._drained = False
         self._idle_poll_us: Timestamp = 0
@@ -354,11 +357,7 @@ class Pipeline:
         # write, not from our read (which is up to a poll interval later).
         idle_since = self._idle_poll_us if self._drained else None
         self._drained = False  # before reading: what is read counts as in progress
-        budget = self.max_read_bytes
-        cap = self.batcher.max_pending_bytes
-        if cap is not None:  # read no more than the batcher has room for (64 KiB at least)
-            budget = min(budget, max(_MIN_READ, cap - self.batcher.pending_bytes))
-        raws = self.reader.poll(budget, final=final)
+        raws = self.reader.poll(self._read_budget(), final=final)
         if not raws:
             self._drained = True
             self._idle_poll_us = now
@@ -375,9 +374,30 @@ class Pipeline:
         self._dead_letter(letters)
         if len(changes):
             self._event_time(changes)
-            self._queue(changes, idle_since)
+            chunks = self._queue(changes, idle_since)
+            size = sum(len(line) for r in raws for line in r.lines)
+            if chunks:  # bytes per chunk, to size the next read to the room left
+                per = size / chunks
+                old = self._bytes_per_chunk
+                self._bytes_per_chunk = per if old == 0 else 0.7 * old + 0.3 * per
         self.metrics.pending.set(self.batcher.pending)
         return read
+
+    def _read_budget(self) -> int:
+        """Bytes to read now: no more than the batcher has room for, in bytes and in chunks.
+
+        The chunk room is turned into bytes with the bytes per chunk of recent
+        reads, so a read never brings far more chunks than the bound allows.
+        """
+        batcher = self.batcher
+        budget = self.max_read_bytes
+        cap = batcher.max_pending_bytes
+        if cap is not None:
+            budget = min(budget, cap - batcher.pending_bytes)
+        if self._bytes_per_chunk > 0:
+            room = batcher.max_pending - batcher.pending_chunks
+            budget = min(budget, int(room * self._bytes_per_chunk))
+        return max(_MIN_READ, budget)
 
     def _event_time(self, changes: ChangeBatch) -> None:
         """Run the event-time stage; if it fails, the changes still go to the index.
@@ -401,7 +421,8 @@ class Pipeline:
             return
         self._windows(out, changes)
 
-    def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> None:
+    def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> int:
+        """Chunk the changes and queue them in the batcher; returns the chunks queued."""
         changes, prepared, letters = self._prepare(changes)
         self._dead_letter(letters)
         try:
@@ -419,6 +440,8 @@ class Pipeline:
             log.exception("queueing %d changes failed", len(changes))
             reason = f"the micro-batcher refused the change: {type(exc).__name__}: {exc}"
             self._dead_letter([_letter(changes, i, "batch", reason) for i in range(len(changes))])
+            return 0
+        return sum(len(p.chunks) if p else 1 for p in prepared)
 
     def _sift(self, raws: list[RawBatch], arrived_us: Timestamp | None) -> list[RawBatch]:
         """After a restart: below the committed read position, take only waiting records.
