@@ -40,6 +40,7 @@ bench: $(STAMP)
 	nice $(PY) benchmarks/index.py --sizes 100000
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/history.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/contention.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo .models

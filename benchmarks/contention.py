@@ -1,0 +1,213 @@
+"""Queries while ingest runs: latency during an ingest burst against the same queries at rest.
+
+    .venv/bin/python benchmarks/contention.py          # part of `make bench`, ~3 minutes
+
+For the hashing embedder and for MiniLM: ``streamrag run`` over a seed corpus;
+once it has caught up, ``loadgen.py`` (its own process) sends random 3–6-word
+queries from ``--concurrency`` closed-loop clients for ``--duration`` seconds —
+at rest. Then a writer appends changes (2,000 a second for hashing, 60 for
+MiniLM: four times what it embeds, so there ingest runs flat out) and the same
+load runs again — during ingest — and once more at rest when the writer has
+stopped and the job has caught up. The index grows during the burst, and a
+bigger index costs more per query, so the burst is compared with the mean of the
+two rests around it. The figure is p99 during ingest over p99 at rest (goal ≤
+2×; Qdrant and seekdb publish the same comparison, seekdb claims 1.1×). The
+job's changes per second during the burst are reported too: serving must not be
+bought by stopping ingest.
+
+Results: ``benchmarks/results/contention.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import machine_info
+from server import ServerProcess
+
+HERE = Path(__file__).resolve().parent
+T0 = 1_714_521_600
+WORDS = [f"w{i}" for i in range(2000)]
+EMBEDDERS: dict[str, dict[str, Any]] = {
+    # The writer's rate: above what the job embeds for MiniLM (ingest runs flat out), and
+    # a burst the job catches up with in about a minute once it stops.
+    "hashing": {"seed_docs": 50_000, "rate": 2000, "settings": {"embedder.class": "hashing"}},
+    "minilm": {"seed_docs": 200, "rate": 60, "settings": {"embedder.class": "minilm"}},
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _docs(path: Path, start: int, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with path.open("a", encoding="utf-8") as fh:
+        for i in range(start, start + n):
+            text = " ".join(rng.choice(WORDS) for _ in range(60))
+            fh.write(json.dumps({"doc_id": f"doc-{i}", "event_time": T0 + i, "text": text}) + "\n")
+
+
+def _writer(path: Path, stop: threading.Event, start: int, rate: int) -> None:
+    """Append ``rate`` changes a second until told to stop."""
+    i = start
+    step = max(1, rate // 10)
+    while not stop.is_set():
+        _docs(path, i, step, seed=i)
+        i += step
+        stop.wait(0.1)
+
+
+def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[str, Any]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "loadgen.py"),
+            "--url",
+            url,
+            "--queries",
+            str(queries),
+            "--concurrency",
+            str(concurrency),
+            "--duration",
+            str(duration),
+            "--warmup",
+            "1",
+            "-k",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=duration + 120,
+    )
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def case(
+    tmp: Path, name: str, spec: dict[str, Any], concurrency: int, duration: float
+) -> dict[str, Any]:
+    work = tmp / name
+    work.mkdir()
+    data = work / "changes.jsonl"
+    seed = spec["seed_docs"]
+    _docs(data, 0, seed, seed=1)
+    rng = random.Random(2)
+    qfile = work / "queries.json"
+    qfile.write_text(
+        json.dumps(
+            [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 7))) for _ in range(500)]
+        )
+    )
+    server = ServerProcess(work, data, {**spec["settings"], "stop_timeout_s": 2})
+    client = httpx.Client(timeout=60)
+    try:
+        server.start()
+        server.wait_caught_up(client, seed, timeout=900)
+        log(f"{name}: at rest")
+        rest = _load(server.url, qfile, concurrency, duration)
+        stop = threading.Event()
+        writer = threading.Thread(
+            target=_writer, args=(data, stop, seed, spec["rate"]), daemon=True
+        )
+        writer.start()
+        time.sleep(3)  # ingest is under way
+        before = server.status(client)["counts"]["applied"]
+        started = time.perf_counter()
+        log(f"{name}: during an ingest burst")
+        busy = _load(server.url, qfile, concurrency, duration)
+        took = time.perf_counter() - started
+        st = server.status(client)
+        stop.set()
+        writer.join()
+        total = int(data.read_bytes().count(b"\n"))
+        server.wait_caught_up(client, total, timeout=900)
+        log(f"{name}: at rest again")
+        after = _load(server.url, qfile, concurrency, duration)
+    finally:
+        client.close()
+        server.stop(timeout=120)
+    rest_p50 = (rest["p50_ms"] + after["p50_ms"]) / 2
+    rest_p99 = (rest["p99_ms"] + after["p99_ms"]) / 2
+    return {
+        "seed_docs": seed,
+        "concurrency": concurrency,
+        "at_rest": rest,
+        "during_ingest": busy,
+        "at_rest_after": after,
+        "docs_after": total,
+        "ingest_changes_per_s": (st["counts"]["applied"] - before) / took,
+        "backlog_bytes_at_end": st["queues"]["source_backlog_bytes"],
+        "p50_ratio": busy["p50_ms"] / rest_p50,
+        "p99_ratio": busy["p99_ms"] / rest_p99,
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        "# streamrag: queries during ingest",
+        "",
+        f"Run {m['date_utc']} with `{results['command']}`.",
+        "",
+        f"Machine: {m['cpu_count']} cores, {m['cpu_model']}, {m['ram_gib']} GiB RAM; Python "
+        f"{m['python']}; 1-min load average {m['loadavg_1m_at_start']} at start. The load "
+        "generator runs on the same cores.",
+        "",
+        "`/v1/retrieve` (k = 5, random 3–6-word queries) from closed-loop clients, at rest and "
+        "while a writer appends changes far faster than the job embeds them.",
+        "",
+        "| embedder | clients | documents | at rest before: p50 / p99 | during ingest | at rest after | p99 during / at rest (goal ≤ 2×) | QPS before / during / after | ingest during the burst |",
+        "|---|---:|---|---|---|---|---:|---|---:|",
+    ]
+    for name, r in results["cases"].items():
+        a, b, c = r["at_rest"], r["during_ingest"], r["at_rest_after"]
+        lines.append(
+            f"| {name} | {r['concurrency']} | {r['seed_docs']:,} → {r['docs_after']:,} | "
+            f"{a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | "
+            f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f} ms | {r['p99_ratio']:.2f}× | "
+            f"{a['qps']:.0f} / {b['qps']:.0f} / {c['qps']:.0f} | "
+            f"{r['ingest_changes_per_s']:,.0f} changes/s |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--embedders", nargs="*", default=list(EMBEDDERS))
+    ap.add_argument("--name", default="contention")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    results: dict[str, Any] = {
+        "command": "benchmarks/contention.py " + " ".join(sys.argv[1:]),
+        "machine": machine_info(),
+        "cases": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.embedders:
+            results["cases"][name] = case(
+                Path(tmp), name, EMBEDDERS[name], args.concurrency, args.duration
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
+    (args.out / f"{args.name}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
