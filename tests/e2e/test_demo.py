@@ -21,7 +21,7 @@ def test_demo_answers_its_printed_curl_queries(
     server = start_server("demo", "--workdir", str(tmp_path / "demo"))
     server.wait_ready(timeout=240)
     log = wait_for(
-        lambda: "Ctrl-C stops" in server.log.read_text() and server.log.read_text(),
+        lambda: "Status: curl" in server.log.read_text() and server.log.read_text(),
         30,
         "the banner",
     )

@@ -36,7 +36,7 @@ def test_demo_with_a_local_llm_answers_with_citations(
     )
     server.wait_ready(timeout=120)
     log = wait_for(
-        lambda: "Ctrl-C stops" in server.log.read_text() and server.log.read_text(), 30, "banner"
+        lambda: "Status: curl" in server.log.read_text() and server.log.read_text(), 30, "banner"
     )
     assert re.search(r"Answers: the LLM at http://127\.0\.0\.1:\d+/v1", log), log
     assert "/v1/answer" in log

@@ -86,7 +86,8 @@ __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared
 _MIN_READ = 1 << 14
 """Smallest read while the batcher is nearly full, so reading still makes progress.
 
-(A reader returns at least one whole record, however long.)"""
+Never more than ``source.max_read_bytes``. (A reader returns at least one
+whole record, however long.)"""
 
 CURSOR_FORMAT = 1
 """Version of the cursor layout written with each commit."""
@@ -397,7 +398,7 @@ class Pipeline:
         if self._bytes_per_chunk > 0:
             room = batcher.max_pending - batcher.pending_chunks
             budget = min(budget, int(room * self._bytes_per_chunk))
-        return max(_MIN_READ, budget)
+        return max(min(_MIN_READ, self.max_read_bytes), budget)
 
     def _event_time(self, changes: ChangeBatch) -> None:
         """Run the event-time stage; if it fails, the changes still go to the index.
