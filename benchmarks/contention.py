@@ -1,6 +1,6 @@
 """Queries while ingest runs: latency during an ingest burst against the same queries at rest.
 
-    .venv/bin/python benchmarks/contention.py          # part of `make bench`, ~3 minutes
+    .venv/bin/python benchmarks/contention.py          # part of `make bench`, ~7 minutes
 
 For the hashing embedder and for MiniLM: ``streamrag run`` over a seed corpus;
 once it has caught up, ``loadgen.py`` (its own process) sends random 3–6-word
