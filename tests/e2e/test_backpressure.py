@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, wait_for
+from tests.e2e.conftest import free_port, rss_mib, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -34,13 +34,6 @@ WARMUP_S = 10.0
 RSS_BOUND_MIB = 300  # the process' memory budget for this job
 READ_BYTES = 262_144
 T0 = 1_704_067_200
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _writer(path: Path, stop: threading.Event, written: list[int]) -> None:
@@ -100,19 +93,14 @@ index: {{retention_s: 1}}
         samples: list[tuple[float, float, dict[str, Any]]] = []
         while (elapsed := time.monotonic() - started) < RUN_S:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            samples.append((elapsed, _rss_mib(proc.pid), http.get("/v1/status").json()))
+            samples.append((elapsed, rss_mib(proc.pid), http.get("/v1/status").json()))
             time.sleep(1.0)  # sampling interval of a one-minute soak
         stop.set()
         writer.join()
     finally:
         stop.set()
         http.close()
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
         log.close()
 
     steady = [s for s in samples if s[0] >= WARMUP_S]

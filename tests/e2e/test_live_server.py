@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,25 @@ def _docs(server: Server, query: str, doc_id: str) -> list[str]:
     return [
         r["text"] for r in server.retrieve(query=query, k=5, filters={"doc_id": doc_id})["results"]
     ]
+
+
+def _run_once_fast(tmp_path: Path, data: Path, state: Path) -> dict[str, Any]:
+    """Restart the job over ``state`` with a fast embedder, ``run --once``; its final status."""
+    fast = tmp_path / "fast.yaml"
+    fast.write_text(
+        f"source: {{path: {data}}}\nstate_dir: {state}\n"
+        "embedder: {class: hashing, args: {dim: 64}}\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "streamrag", "run", str(fast), "--once"],
+        cwd=root,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    status: dict[str, Any] = json.loads(done.stdout)
+    return status
 
 
 def test_appended_changes_become_searchable(live: tuple[Server, Path]) -> None:
@@ -167,8 +188,6 @@ def test_a_second_sigterm_exits_at_once_and_the_restart_loses_nothing(
     tmp_path: Path, start_server: Callable[..., Server]
 ) -> None:
     import signal
-    import subprocess
-    import sys
 
     data = tmp_path / "many.jsonl"
     _append(
@@ -191,20 +210,7 @@ def test_a_second_sigterm_exits_at_once_and_the_restart_loses_nothing(
     assert "SIGTERM again, exiting now" in server.log.read_text()
 
     # A restart (same vectors, a fast embedder) finds everything and applies it once.
-    fast = tmp_path / "fast.yaml"
-    fast.write_text(
-        f"source: {{path: {data}}}\nstate_dir: {state}\n"
-        "embedder: {class: hashing, args: {dim: 64}}\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "streamrag", "run", str(fast), "--once"],
-        cwd=root,
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    status = json.loads(done.stdout)
+    status = _run_once_fast(tmp_path, data, state)
     assert status["counts"]["ingested"] == 300
     assert status["counts"]["applied"] == 300
     assert status["index"]["live_docs"] == 300
@@ -265,8 +271,6 @@ def test_sigterm_with_a_backlog_stops_in_bounded_time_and_loses_nothing(
     tmp_path: Path, start_server: Callable[..., Server]
 ) -> None:
     import signal
-    import subprocess
-    import sys
     import time
 
     data = tmp_path / "backlog.jsonl"
@@ -294,20 +298,7 @@ def test_sigterm_with_a_backlog_stops_in_bounded_time_and_loses_nothing(
     assert "stopped at epoch" in log
 
     # The restart reads again what was not committed and applies every change once.
-    fast = tmp_path / "fast.yaml"
-    fast.write_text(
-        f"source: {{path: {data}}}\nstate_dir: {state}\n"
-        "embedder: {class: hashing, args: {dim: 64}}\n"
-    )
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-m", "streamrag", "run", str(fast), "--once"],
-        cwd=root,
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    status = json.loads(done.stdout)
+    status = _run_once_fast(tmp_path, data, state)
     assert status["counts"]["applied"] == 2000
     assert status["counts"]["ingested"] == 2000
     assert status["index"]["live_docs"] == 2000

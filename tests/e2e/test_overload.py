@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, wait_for
+from tests.e2e.conftest import free_port, rss_mib, stop_process, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +36,6 @@ WORDS = [
     *("ledger", "invoice", "refund", "ticket", "deploy", "rollback", "vpn", "quota"),
     *("password", "rotate", "database", "replica", "backup", "restore", "cache", "queue"),
 ]
-
-
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def _writer(path: Path, stop: threading.Event) -> None:
@@ -109,7 +102,7 @@ def test_minilm_under_overload_keeps_its_bounds(tmp_path: Path) -> None:
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < RUN_S:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            samples.append((elapsed, _rss_mib(proc.pid), http.get("/v1/status").json()))
+            samples.append((elapsed, rss_mib(proc.pid), http.get("/v1/status").json()))
             time.sleep(1.0)
         stop.set()
         for t in threads:
@@ -117,12 +110,7 @@ def test_minilm_under_overload_keeps_its_bounds(tmp_path: Path) -> None:
     finally:
         stop.set()
         http.close()
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
         log.close()
 
     steady = [s for s in samples if s[0] >= WARMUP_S]
