@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.errors import ArgumentError
 from streamrag.timing import Timestamp
 
 __all__ = ["DEFAULT_TENANT", "Change", "ChangeBatch", "Op"]
@@ -106,7 +107,7 @@ class ChangeBatch:
         }
         if lengths != {n}:
             msg = f"ChangeBatch columns must have one length; found lengths {sorted(lengths | {n})}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
 
     @classmethod
     def empty(cls) -> ChangeBatch:

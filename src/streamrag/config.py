@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from streamrag.errors import ConfigError
+from streamrag.errors import ConfigError, SpecError
 
 __all__ = [
     "AnswerSettings",
@@ -298,10 +298,10 @@ class WindowSettings(_Frozen):
         missing = [f for f in needs[self.kind] if getattr(self, f) is None]
         if missing:
             msg = f"a {self.kind} window needs {' and '.join(missing)}"
-            raise ValueError(msg)
+            raise SpecError(msg)
         if self.aggregate != "count" and self.value is None:
             msg = f"aggregate {self.aggregate!r} needs value: the field to aggregate"
-            raise ValueError(msg)
+            raise SpecError(msg)
         return self
 
 

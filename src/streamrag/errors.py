@@ -1,20 +1,30 @@
-"""One error tree for streamrag.
+r"""One error tree for streamrag.
 
 Every exception streamrag raises on purpose derives from :class:`StreamragError`,
 so ``except StreamragError`` catches them all. Third-party exceptions are mapped
 to one of these at the boundary where they happen. Messages say what was
-expected, what was found and what to do::
+expected, what was found and what to do. Leaves that stand where Python code
+expects a built-in exception also derive from it (``ArgumentError`` and
+``DecodeError`` are ``ValueError``\ s, ``UnknownNameError`` a ``KeyError``,
+``StateError`` a ``RuntimeError``), so a validator or an ``except ValueError``
+written against the built-in keeps working::
 
     StreamragError
+    ├── ArgumentError          a call got a value outside what it accepts (a caller's bug)
+    ├── StateError             a call came in a state that does not allow it
     ├── ConfigError            a setting is missing or has a bad value
+    │   └── SpecError          a window, aggregate or other spec does not hold together
     ├── MissingDependencyError a package a feature needs is not installed
     ├── InputError             an input record cannot be used (goes to dead letters)
-    │   └── DecodeError        not JSON, or not a valid change
+    │   ├── DecodeError        not JSON, or not a valid change
+    │   └── TimestampError     a time that cannot be read (no zone, out of range)
     ├── SourceError            a source cannot be read or resumed
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
     │   └── CorruptStateError  a state file fails its checksum (names the file)
     ├── QueryError             a query is malformed (bad filter, k, time range)
+    │   ├── RequestError       a request field fails its check (a limit, a blank value)
+    │   └── UnknownNameError   a query names something that does not exist (a window)
     └── GeneratorError         the LLM endpoint failed, timed out or returned garbage
         ├── GeneratorTimeoutError  the endpoint did not answer in time
         └── CircuitOpenError   the endpoint failed too often; calls are refused for a while
@@ -23,6 +33,7 @@ expected, what was found and what to do::
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CircuitOpenError",
     "ConfigError",
     "CorruptStateError",
@@ -34,8 +45,13 @@ __all__ = [
     "InputError",
     "MissingDependencyError",
     "QueryError",
+    "RequestError",
     "SourceError",
+    "SpecError",
+    "StateError",
     "StreamragError",
+    "TimestampError",
+    "UnknownNameError",
 ]
 
 
@@ -43,10 +59,29 @@ class StreamragError(Exception):
     """Root of every error streamrag raises on purpose."""
 
 
+class ArgumentError(StreamragError, ValueError):
+    """A function or constructor got a value outside what it accepts.
+
+    A bug of the calling code, not of the data: the message names the argument,
+    the value and the allowed range.
+    """
+
+
+class StateError(StreamragError, RuntimeError):
+    """A call came in a state that does not allow it (for example after close)."""
+
+
 class ConfigError(StreamragError):
     """A configuration key is missing or has a bad value.
 
     The message names the key (dotted path), the bad value and what is allowed.
+    """
+
+
+class SpecError(ConfigError, ValueError):
+    """A spec (a window, an aggregate, a trigger) does not hold together.
+
+    Raised inside settings validators too, which is why it is also a ``ValueError``.
     """
 
 
@@ -71,8 +106,12 @@ class InputError(StreamragError):
     """An input record cannot be used. Such records go to the dead-letter store."""
 
 
-class DecodeError(InputError):
+class DecodeError(InputError, ValueError):
     """A record is not valid JSON or does not match the change schema."""
+
+
+class TimestampError(InputError, ValueError):
+    """A time cannot be read: no time zone, not a time, or out of range."""
 
 
 class SourceError(StreamragError):
@@ -108,6 +147,21 @@ class CorruptStateError(IndexStoreError):
 
 class QueryError(StreamragError):
     """A query is malformed: unknown filter, bad ``k`` or an empty time range."""
+
+
+class RequestError(QueryError, ValueError):
+    """A field of a request fails its check: over a limit, blank, or not a number.
+
+    Raised inside the request schemas' validators; the HTTP layer answers 422
+    with the fields that failed.
+    """
+
+
+class UnknownNameError(QueryError, KeyError):
+    """A query names something that does not exist, such as a window."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class GeneratorError(StreamragError):

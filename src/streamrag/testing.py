@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from streamrag.embed.base import Embedder
 from streamrag.embed.hashing import HashingEmbedder
+from streamrag.errors import ArgumentError
 from streamrag.index.base import CommitBatch, CommitResult
 from streamrag.sources.base import RawBatch
 from streamrag.timing import US_PER_MS, Timestamp
@@ -53,7 +54,7 @@ class ManualClock:
         """Move time forward by ``delta_us``."""
         if delta_us < 0:
             msg = f"a ManualClock only moves forward; got {delta_us}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self._now += delta_us
 
     def advance_ms(self, delta_ms: int) -> None:

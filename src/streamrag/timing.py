@@ -24,6 +24,8 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
+from streamrag.errors import TimestampError
+
 __all__ = [
     "MAX_TIMESTAMP",
     "MIN_TIMESTAMP",
@@ -72,23 +74,23 @@ def parse_timestamp(value: object) -> Timestamp:
     """
     if isinstance(value, bool):
         msg = f"expected an ISO-8601 time or epoch seconds, found the boolean {value!r}"
-        raise ValueError(msg)
+        raise TimestampError(msg)
     if isinstance(value, int | float):
         if not -_MAX_EPOCH_S <= value <= _MAX_EPOCH_S:  # also false for NaN
             msg = f"epoch seconds {value!r} are outside years 1–9999; send seconds, not µs or ms"
-            raise ValueError(msg)
+            raise TimestampError(msg)
         return value * US_PER_S if isinstance(value, int) else round(value * US_PER_S)
     if not isinstance(value, str):
         msg = f"expected an ISO-8601 time or epoch seconds, found {type(value).__name__}"
-        raise ValueError(msg)
+        raise TimestampError(msg)
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         msg = f"timestamp {value!r} is not ISO-8601; write it like '2024-05-01T12:00:00Z'"
-        raise ValueError(msg) from None
+        raise TimestampError(msg) from None
     if parsed.tzinfo is None:
         msg = f"timestamp {value!r} has no time zone; add 'Z' for UTC or an offset such as '+02:00'"
-        raise ValueError(msg)
+        raise TimestampError(msg)
     delta = parsed - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * US_PER_S + delta.microseconds
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from streamrag.errors import ArgumentError
+
 __all__ = ["AdaptiveController", "Decision"]
 
 
@@ -61,10 +63,10 @@ class AdaptiveController:
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
             msg = f"need 1 <= min_size <= max_size, found {self.min_size} and {self.max_size}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         if self.target_latency_s <= 0:
             msg = f"the latency target must be positive, found {self.target_latency_s} s"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         start = self.initial if self.initial is not None else self.min_size
         self.target = min(self.max_size, max(self.min_size, start))
 

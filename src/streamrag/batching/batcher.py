@@ -56,6 +56,7 @@ import numpy.typing as npt
 from streamrag.batching.adaptive import AdaptiveController
 from streamrag.batching.partition import PartitionKey
 from streamrag.changes import ChangeBatch
+from streamrag.errors import ArgumentError
 from streamrag.timing import MIN_TIMESTAMP, US_PER_MS, Clock, Duration, Timestamp
 
 __all__ = ["MicroBatcher", "PendingBatch"]
@@ -169,10 +170,10 @@ class MicroBatcher:
     ) -> None:
         if max_batch_size <= 0:
             msg = f"max_batch_size must be positive, found {max_batch_size}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         if tick_us is not None and tick_us <= 0:
             msg = f"tick must be positive, found {tick_us} µs"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_delay_us = max_delay_ms * US_PER_MS

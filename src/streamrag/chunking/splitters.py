@@ -24,6 +24,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from streamrag.errors import ArgumentError
+
 __all__ = ["TokenSplitter", "count_words"]
 
 _PARAGRAPH = re.compile(r"\n\s*\n")
@@ -45,13 +47,13 @@ class TokenSplitter:
     def __post_init__(self) -> None:
         if self.max_tokens <= 0:
             msg = f"max_tokens must be positive, found {self.max_tokens}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         if not 0 <= self.overlap_tokens < self.max_tokens:
             msg = (
                 f"overlap_tokens must be in [0, max_tokens={self.max_tokens}), "
                 f"found {self.overlap_tokens}"
             )
-            raise ValueError(msg)
+            raise ArgumentError(msg)
 
     def split(self, text: str) -> list[str]:
         """Return the chunks of ``text`` in order (one chunk for a short text)."""

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.errors import ArgumentError
+
 __all__ = ["HashingEmbedder"]
 
 _WORD = re.compile(r"\w+")
@@ -32,7 +34,7 @@ class HashingEmbedder:
     def __init__(self, dim: int = 384, *, max_cache: int = 1_000_000) -> None:
         if dim <= 0:
             msg = f"dim must be positive, found {dim}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self._dim = dim
         self._max_cache = max_cache
         self._cache: dict[str, int] = {}

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.errors import ArgumentError, SpecError
 from streamrag.eventtime.aggregates import Aggregator
 from streamrag.eventtime.columnar import ColumnarWindows
 from streamrag.eventtime.windows import Session, Sliding, Window, WindowAssigner
@@ -137,10 +138,10 @@ class WindowedAggregation:
     ) -> None:
         if allowed_lateness_us < 0:
             msg = f"allowed_lateness must be >= 0, found {allowed_lateness_us} µs"
-            raise ValueError(msg)
+            raise SpecError(msg)
         if early_every_us is not None and early_every_us <= 0:
             msg = f"early firing interval must be positive, found {early_every_us} µs"
-            raise ValueError(msg)
+            raise SpecError(msg)
         self.assigner = assigner
         self.aggregator = aggregator
         self.allowed_lateness_us = allowed_lateness_us
@@ -207,7 +208,7 @@ class WindowedAggregation:
         n = len(keys)
         if len(times) != n or (values is not None and len(values) != n):
             msg = f"keys, times and values must be the same length, found {n}, {len(times)}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         if n == 0:
             return [], []
         cols = self._columnar()
@@ -267,7 +268,7 @@ class WindowedAggregation:
         if getattr(self.aggregator, "needs_value", True):
             if values is None:
                 msg = f"aggregation {self.aggregator.name!r} needs values; pass values="
-                raise ValueError(msg)
+                raise SpecError(msg)
             column = np.asarray(values, dtype=np.float64)[rows]
         partials = cols.agg.grouped(column, groups, int(firsts.size))
         behind = cols.fold(s_codes[firsts], s_starts[firsts], partials, wm)

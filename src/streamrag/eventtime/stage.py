@@ -44,7 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.changes import ChangeBatch, Op
-from streamrag.errors import ConfigError
+from streamrag.errors import ConfigError, UnknownNameError
 from streamrag.eventtime.operator import LateElement, WindowedAggregation, WindowResult
 from streamrag.eventtime.watermarks import WatermarkTracker
 from streamrag.timing import Timestamp
@@ -157,7 +157,7 @@ class EventTimeStage:
         if name not in self.latest:
             known = ", ".join(sorted(self.latest)) or "none are configured"
             msg = f"no window aggregation named {name!r}; known: {known}"
-            raise KeyError(msg)
+            raise UnknownNameError(msg)
         with self._latest_lock:
             return list(self.latest[name].values())
 

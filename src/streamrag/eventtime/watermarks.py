@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from streamrag.errors import ArgumentError
 from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Clock, Duration, Timestamp
 
 __all__ = ["BoundedOutOfOrderness", "WatermarkTracker"]
@@ -32,7 +33,7 @@ class BoundedOutOfOrderness:
     def __init__(self, bound_us: Duration = 0) -> None:
         if bound_us < 0:
             msg = f"bound_us must be >= 0, found {bound_us}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self.bound_us = bound_us
         self.max_seen: Timestamp = MIN_TIMESTAMP
         self.watermark: Timestamp = MIN_TIMESTAMP
@@ -78,7 +79,7 @@ class WatermarkTracker:
     ) -> None:
         if idle_timeout_us is not None and idle_timeout_us <= 0:
             msg = f"idle_timeout must be positive, found {idle_timeout_us} µs"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self.bound_us = bound_us
         self.idle_timeout_us = idle_timeout_us
         self.clock = clock

@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 
 from streamrag.changes import ChangeBatch, Op
+from streamrag.errors import DecodeError
 from streamrag.ingest.deadletter import DeadLetter
 from streamrag.ingest.normalize import normalize_text
 from streamrag.sources.base import RawBatch
@@ -86,7 +87,7 @@ class Decoder:
                             f"record is {size:,} bytes, above ingest.max_document_bytes="
                             f"{limit:,}; split the document or raise the limit"
                         )
-                        raise ValueError(msg)
+                        raise DecodeError(msg)
                     rec = decode(line)
                     tenant, doc_id, op, ts, payload = self._check(rec, default_tenant)
                 except Exception as exc:  # any error dead-letters the line, never the read
@@ -117,7 +118,7 @@ class Decoder:
         doc_id = rec.doc_id.strip()
         if not doc_id:
             msg = "field 'doc_id' is empty; give every record a stable, non-empty document id"
-            raise ValueError(msg)
+            raise DecodeError(msg)
         if rec.tenant is None:
             tenant = default_tenant
         else:
@@ -127,12 +128,12 @@ class Decoder:
                     "field 'tenant' is empty; omit it (or send null) for the default tenant, "
                     "or name the tenant"
                 )
-                raise ValueError(msg)
+                raise DecodeError(msg)
         try:
             ts = parse_timestamp(rec.event_time)
         except ValueError as exc:
             msg = f"field 'event_time': {exc}"
-            raise ValueError(msg) from None
+            raise DecodeError(msg) from None
         op = _OPS[rec.op]
         if op is Op.DELETE:
             return tenant, doc_id, op, ts, {}
@@ -142,7 +143,7 @@ class Decoder:
                 "an upsert needs a non-empty 'text' field; send the document body, "
                 'or use "op": "delete" to remove the document'
             )
-            raise ValueError(msg)
+            raise DecodeError(msg)
         payload: dict[str, Any] = {"text": text}
         if rec.title:
             payload["title"] = rec.title

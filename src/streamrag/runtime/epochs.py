@@ -35,6 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from streamrag.changes import Op
+from streamrag.errors import ArgumentError
 from streamrag.index.base import CommitBatch, CommitResult
 from streamrag.timing import Timestamp
 
@@ -72,7 +73,7 @@ class EpochLog:
     def __init__(self, max_docs: int = 1_000_000) -> None:
         if max_docs <= 0:
             msg = f"max_docs must be positive, found {max_docs}"
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self.max_docs = max_docs
         self._epochs: deque[EpochChanges] = deque()
         self._held = 0

@@ -72,6 +72,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.errors import ArgumentError
 from streamrag.index.base import SearchFilter
 from streamrag.runtime.epochs import EpochLog, NewVersion
 from streamrag.runtime.metrics import Metrics
@@ -214,7 +215,7 @@ class SemanticCache:
                 f"cache needs max_entries > 0, lru_k > 0 and 0 <= max_hamming < 64; found "
                 f"{max_entries}, {lru_k}, {max_hamming}"
             )
-            raise ValueError(msg)
+            raise ArgumentError(msg)
         self.log = log
         self.max_entries = max_entries
         self.lru_k = lru_k

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from streamrag.errors import RequestError
 from streamrag.timing import parse_timestamp
 
 __all__ = [
@@ -96,7 +97,7 @@ class Filters(_Model):
     def _tenant(cls, value: str) -> str:
         if not value.strip():
             msg = "tenant is blank; omit it for the default tenant, or name a tenant"
-            raise ValueError(msg)
+            raise RequestError(msg)
         return value
 
     @field_validator("domain", "doc_id")
@@ -107,7 +108,7 @@ class Filters(_Model):
                 f"{len(value):,} values: a list holds at most {MAX_FILTER_VALUES:,}; split the "
                 "request, or filter on metadata instead"
             )
-            raise ValueError(msg)
+            raise RequestError(msg)
         return value
 
     @field_validator("metadata")
@@ -120,14 +121,14 @@ class Filters(_Model):
                 f"{len(value):,} metadata conditions: a filter holds at most {MAX_FILTER_KEYS}; "
                 "keep the ones that narrow the search most"
             )
-            raise ValueError(msg)
+            raise RequestError(msg)
         for key, cond in value.items():
             if isinstance(cond, list) and len(cond) > MAX_FILTER_VALUES:
                 msg = (
                     f"metadata condition {key!r} lists {len(cond):,} values; at most "
                     f"{MAX_FILTER_VALUES:,}"
                 )
-                raise ValueError(msg)
+                raise RequestError(msg)
         return value
 
 
@@ -196,7 +197,7 @@ class RetrieveRequest(RetrievalOptions):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             msg = "query is blank; send a question or keywords"
-            raise ValueError(msg)
+            raise RequestError(msg)
         return value
 
 
@@ -277,7 +278,7 @@ class ChatMessage(_OpenAIModel):
                 f"a message of {size:,} characters: at most {MAX_MESSAGE_CHARS:,} per message; "
                 "send the question, not the documents (streamrag retrieves those)"
             )
-            raise ValueError(msg)
+            raise RequestError(msg)
         return self
 
     def text(self) -> str:
@@ -330,11 +331,11 @@ class EmbeddingsRequest(_OpenAIModel):
         texts = [value] if isinstance(value, str) else value
         if len(texts) > MAX_EMBED_INPUTS:
             msg = f"{len(texts):,} inputs: at most {MAX_EMBED_INPUTS} per request"
-            raise ValueError(msg)
+            raise RequestError(msg)
         for t in texts:
             if isinstance(t, str) and len(t) > MAX_QUERY_CHARS:
                 msg = f"an input of {len(t):,} characters: at most {MAX_QUERY_CHARS:,}"
-                raise ValueError(msg)
+                raise RequestError(msg)
         return value
 
     model: str = Field("", description="Echoed back; the configured embedder is used.")
