@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from streamrag.errors import ArgumentError
@@ -44,6 +45,19 @@ class BoundedOutOfOrderness:
             self.max_seen = max_event_time
             self.watermark = max(self.watermark, max_event_time - self.bound_us - 1)
 
+    def advance_to(self, watermark: Timestamp) -> None:
+        """Raise the watermark to one the source sent itself; a lower one is ignored."""
+        if watermark > self.watermark:
+            self.watermark = watermark
+
+    @property
+    def raised(self) -> bool:
+        """Whether a source's own watermark put W above what the data implies."""
+        derived = (
+            MIN_TIMESTAMP if self.max_seen == MIN_TIMESTAMP else self.max_seen - self.bound_us - 1
+        )
+        return self.watermark > max(derived, MIN_TIMESTAMP)
+
     def is_late(self, event_time: Timestamp) -> bool:
         """Whether a change is behind the watermark."""
         return event_time <= self.watermark
@@ -52,22 +66,37 @@ class BoundedOutOfOrderness:
 class WatermarkTracker:
     """The pipeline watermark over several inputs (source partitions).
 
-    Each input has its own bounded out-of-orderness watermark. The pipeline
-    watermark is the minimum over the inputs that are **active**: an input that
-    has sent nothing for ``idle_timeout_us`` of processing time is idle and stops
-    holding event time back (a quiet partition must not stall every window).
-    When it sends again it rejoins, but the pipeline watermark never goes back:
-    its elements behind ``W`` are late.
+    Each input has its own watermark: the bounded out-of-orderness one derived
+    from its data, raised by any watermark the source sends itself
+    (:meth:`observe_watermark`, as a Kafka or Flink source can). The pipeline
+    watermark is the minimum over the inputs that are **active**. An input that
+    has sent nothing for *more than* ``idle_timeout_us`` of processing time is
+    idle and stops holding event time back (a quiet partition must not stall
+    every window); silent for exactly the timeout, it is still active. When it
+    sends again it rejoins, but the pipeline watermark never goes back: its
+    elements behind ``W`` are late.
+
+    **Declared inputs.** By default the minimum is over the inputs seen so far,
+    so the first partition to speak sets ``W`` alone. Naming the inputs up front
+    (``inputs=[...]``) makes one that has sent nothing yet hold ``W`` at its
+    minimum, as Flink does with the splits of a source: no window fires before
+    every partition has spoken, or gone idle (its idle clock starts when the
+    tracker is built).
 
     >>> from streamrag.testing import ManualClock
     >>> clock = ManualClock(0)
     >>> wm = WatermarkTracker(bound_us=0, idle_timeout_us=100, clock=clock)
     >>> wm.observe("a", 50); wm.observe("b", 20); wm.advance()
     19
-    >>> clock.advance_us(100); wm.observe("a", 60); wm.advance()  # b is idle now
+    >>> clock.advance_us(101); wm.observe("a", 60); wm.advance()  # b is idle now
     59
     >>> wm.observe("b", 30); wm.advance()  # b is back, but W does not go back
     59
+    >>> declared = WatermarkTracker(clock=clock, inputs=["a", "b"])
+    >>> declared.observe("a", 50); declared.advance() == MIN_TIMESTAMP  # b holds W
+    True
+    >>> declared.observe_watermark("b", 40); declared.advance()  # b's source says 40
+    40
     """
 
     def __init__(
@@ -76,6 +105,7 @@ class WatermarkTracker:
         bound_us: Duration = 0,
         idle_timeout_us: Duration | None = None,
         clock: Clock,
+        inputs: Iterable[str] | None = None,
     ) -> None:
         if idle_timeout_us is not None and idle_timeout_us <= 0:
             msg = f"idle_timeout must be positive, found {idle_timeout_us} µs"
@@ -83,35 +113,58 @@ class WatermarkTracker:
         self.bound_us = bound_us
         self.idle_timeout_us = idle_timeout_us
         self.clock = clock
+        self.declared: tuple[str, ...] = tuple(dict.fromkeys(inputs or ()))
         self._inputs: dict[str, BoundedOutOfOrderness] = {}
         self._last_data_us: dict[str, Timestamp] = {}
         self.watermark: Timestamp = MIN_TIMESTAMP
         self.finished = False
         # Inputs appear while the API reads: readers and the writer share this lock.
         self._lock = threading.Lock()
+        self._declare(clock.now_us())
+
+    def _declare(self, now: Timestamp) -> None:
+        """Register the declared inputs not known yet: at the minimum, silent since ``now``."""
+        for partition in self.declared:
+            if partition not in self._inputs:
+                self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
+                self._last_data_us[partition] = now
+
+    def _input(self, partition: str) -> BoundedOutOfOrderness:
+        w = self._inputs.get(partition)
+        if w is None:
+            w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
+        return w
 
     def observe(self, partition: str, max_event_time: Timestamp) -> None:
         """Record that ``partition`` delivered data up to ``max_event_time`` (now)."""
         with self._lock:
-            w = self._inputs.get(partition)
-            if w is None:
-                w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
-            w.observe(max_event_time)
+            self._input(partition).observe(max_event_time)
+            self._last_data_us[partition] = self.clock.now_us()
+
+    def observe_watermark(self, partition: str, watermark: Timestamp) -> None:
+        """Record a watermark that ``partition``'s source sent itself.
+
+        It raises that input's watermark (a lower one than it holds is ignored:
+        watermarks never go back) and, as a sign of life, keeps it active. Call
+        :meth:`advance` to recompute the pipeline watermark.
+        """
+        with self._lock:
+            self._input(partition).advance_to(watermark)
             self._last_data_us[partition] = self.clock.now_us()
 
     @property
     def partitions(self) -> int:
-        """Inputs seen so far, idle or not."""
+        """Inputs declared or seen so far, idle or not."""
         return len(self._inputs)
 
     def active(self) -> list[str]:
-        """Inputs that are not idle now."""
+        """Inputs that are not idle now (silent for at most the idle timeout)."""
         if self.idle_timeout_us is None:
             with self._lock:
                 return list(self._inputs)
         horizon = self.clock.now_us() - self.idle_timeout_us
         with self._lock:
-            return [p for p, t in self._last_data_us.items() if t > horizon]
+            return [p for p, t in self._last_data_us.items() if t >= horizon]
 
     def advance(self) -> Timestamp:
         """Recompute the pipeline watermark from the active inputs; never decreases."""
@@ -135,19 +188,49 @@ class WatermarkTracker:
             return max((w.max_seen for w in self._inputs.values()), default=MIN_TIMESTAMP)
 
     def snapshot(self) -> dict[str, Any]:
-        """Per-input maximum event times and the watermark, as plain data."""
+        """Per-input maximum event times and the watermark, as plain data.
+
+        Two keys appear only when they hold something, so that a snapshot without
+        them reads as before: ``idle``, the inputs idle now (they stay idle after
+        a restore until they send again), and ``input_watermarks``, the inputs
+        whose watermark a source's own watermark raised above what their data
+        implies.
+        """
+        idle = set(self._inputs).difference(self.active())
         with self._lock:
             inputs = {p: w.max_seen for p, w in self._inputs.items()}
-        return {"watermark": self.watermark, "finished": self.finished, "inputs": inputs}
+            raised = {p: w.watermark for p, w in self._inputs.items() if w.raised}
+        state: dict[str, Any] = {
+            "watermark": self.watermark,
+            "finished": self.finished,
+            "inputs": inputs,
+        }
+        if idle:
+            state["idle"] = sorted(idle)
+        if raised:
+            state["input_watermarks"] = raised
+        return state
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`snapshot`; every input counts as active from now."""
+        """Continue from a :meth:`snapshot`.
+
+        Inputs idle at the snapshot stay idle until they send again; every other
+        input (and every input of a snapshot that does not list idle ones) counts
+        as active from now.
+        """
         now = self.clock.now_us()
-        self.watermark = int(state["watermark"])
-        self.finished = bool(state.get("finished", False))
-        self._inputs = {}
-        self._last_data_us = {}
-        for partition, max_seen in state["inputs"].items():
-            w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
-            w.observe(int(max_seen))
-            self._last_data_us[partition] = now
+        idle = set(state.get("idle", ()))
+        raised = state.get("input_watermarks", {})
+        with self._lock:
+            self.watermark = int(state["watermark"])
+            self.finished = bool(state.get("finished", False))
+            self._inputs = {}
+            self._last_data_us = {}
+            for partition, max_seen in state["inputs"].items():
+                w = self._inputs[partition] = BoundedOutOfOrderness(self.bound_us)
+                w.observe(int(max_seen))
+                if partition in raised:
+                    w.advance_to(int(raised[partition]))
+                # An idle input's last data is as good as infinitely old.
+                self._last_data_us[partition] = MIN_TIMESTAMP if partition in idle else now
+            self._declare(now)
