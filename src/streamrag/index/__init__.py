@@ -2,7 +2,7 @@
 
 :mod:`.base` defines what a commit carries and what a search returns;
 :mod:`.lsm` is the default index — every change a version of its document
-(:mod:`.history`, rows written through :mod:`.pending`), segments sized by rows
+(:mod:`.versions`, rows written through :mod:`.pending`), segments sized by rows
 with bitemporal stamps (:mod:`.segment`), ANN structures for sealed segments
 (:mod:`.ann`), immutable manifests per epoch (:mod:`.manifest`), the query path
 (:mod:`.search`), compaction (:mod:`.compaction`), the write-ahead log

@@ -10,7 +10,7 @@ offset)`` is greater than the current version (:class:`DocState`) replaces it.
 A delete leaves a tombstone that keeps its version, so an older upsert that
 arrives later cannot bring the document back. An index that keeps history
 (the LSM index) files an older change in the document's past instead of
-ignoring it — see :mod:`streamrag.index.history`; one that does not (the exact
+ignoring it — see :mod:`streamrag.index.versions`; one that does not (the exact
 index) ignores it as stale.
 
 A query says what it may see with a :class:`SearchFilter`: the tenant (always

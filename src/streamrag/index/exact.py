@@ -38,6 +38,7 @@ from streamrag.index.base import (
     check_queries,
     merge_cursor,
 )
+from streamrag.index.versions import Versions, is_newer, newest_per_doc
 from streamrag.timing import Clock, SystemClock, Timestamp
 
 __all__ = ["ExactIndex", "Snapshot"]
@@ -133,7 +134,7 @@ class ExactIndex:
         self._alive = np.zeros(self._cols.vectors.shape[0], dtype=np.bool_)
         self._rows = 0
         self._live_chunks = 0
-        self._docs: dict[tuple[str, str], DocState] = {}
+        self._docs = Versions()  # the current version of every document (no history)
         self._live_docs = 0
         self._deleted_docs = 0
         self._tenant_codes: dict[str, int] = {}
@@ -175,12 +176,12 @@ class ExactIndex:
 
     def doc_state(self, tenant: str, doc_id: str) -> DocState | None:
         """The version held for a document (writer side)."""
-        return self._docs.get((tenant, doc_id))
+        return self._docs.current((tenant, doc_id))
 
     def wants(self, tenant: str, doc_id: str, event_time: Timestamp, offset: int) -> bool:
         """True when the change would be newer than the document's current version."""
-        state = self._docs.get((tenant, doc_id))
-        return state is None or (event_time, offset) > state.version
+        state = self._docs.current((tenant, doc_id))
+        return is_newer((event_time, offset), None if state is None else state.version)
 
     def vectors_at(self, rows: Sequence[int]) -> npt.NDArray[np.float32]:
         """Copies of stored vectors (writer side)."""
@@ -245,22 +246,23 @@ class ExactIndex:
         epoch = self._snapshot.epoch + 1
         docs = self._docs
         alive = self._alive
-        winners: dict[tuple[str, str], tuple[tuple[int, int], DocOp]] = {}
-        for d in batch.docs:
-            key = (d.tenant, d.doc_id)
-            version = (d.event_time, d.offset)
-            other = winners.get(key)
-            if other is None or version > other[0]:
-                winners[key] = (version, d)
+        bdocs = batch.docs
+        winners = newest_per_doc(
+            [(d.tenant, d.doc_id) for d in bdocs],
+            [d.event_time for d in bdocs],
+            [d.offset for d in bdocs],
+        )
         keep: list[int] = []  # chunk positions in the batch to append
         kept: list[DocOp] = []  # their documents, in the same order
         applied = 0
         stale = len(batch.docs) - len(winners)
         hashes = batch.hashes
         delete = Op.DELETE  # a local: enum attribute lookups are slow in loops
-        for key, (version, d) in winners.items():
-            state = docs.get(key)
-            if state is not None and state.version >= version:
+        for key, i in winners.items():
+            d = bdocs[i]
+            version = (d.event_time, d.offset)
+            state = docs.current(key)
+            if state is not None and not is_newer(version, state.version):
                 stale += 1
                 continue
             applied += 1
@@ -274,15 +276,16 @@ class ExactIndex:
                     self._live_docs -= 1
             n = d.n_chunks
             if d.op == delete or n == 0:
-                docs[key] = DocState(version, deleted=True)
+                docs.set_current(key, DocState(version, deleted=True))
                 self._deleted_docs += 1
                 continue
             start = self._rows + len(keep)
             first = d.first_chunk
             keep.extend(range(first, first + n))
             kept.append(d)
-            docs[key] = DocState(
-                version, False, list(range(start, start + n)), hashes[first : first + n]
+            docs.set_current(
+                key,
+                DocState(version, False, list(range(start, start + n)), hashes[first : first + n]),
             )
             self._live_docs += 1
         self._append(batch, keep, kept, epoch)
@@ -373,7 +376,7 @@ class ExactIndex:
         self._alive = np.zeros(capacity, dtype=np.bool_)
         self._alive[: live.size] = True
         self._rows = live.size
-        for state in self._docs.values():
+        for _, state in self._docs.items():
             if state.rows:
                 state.rows = new_index[state.rows].tolist()
 

@@ -9,7 +9,7 @@ segments from their bounds. Nothing slow happens on the commit path.
 
 Versions. A commit applies one micro-batch and publishes an immutable
 :class:`~.manifest.Manifest` by swapping one reference. Every change becomes a
-version of its document (:mod:`.history`): a change newer than the current
+version of its document (:mod:`.versions`): a change newer than the current
 version replaces it (last writer wins on ``(event_time, offset)``), an older one
 — late, or beaten within its micro-batch — is inserted into the past, and the
 version before it gets an end in valid time (its rows are *stamped*, see
@@ -72,7 +72,6 @@ from streamrag.index.base import (
     merge_cursor,
 )
 from streamrag.index.compaction import CompactionSpec, droppable, plan
-from streamrag.index.history import Key, Versions
 from streamrag.index.manifest import Manifest
 from streamrag.index.pending import PendingRows
 from streamrag.index.search import SearchTuning, View, search_segments
@@ -91,6 +90,7 @@ from streamrag.index.store import (
     write_rows,
     write_table,
 )
+from streamrag.index.versions import Key, Versions
 from streamrag.index.wal import WriteAheadLog
 from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, SystemClock, Timestamp
 

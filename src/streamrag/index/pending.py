@@ -1,7 +1,7 @@
 """The rows one commit appends: new chunk versions, and copies of rows given a new end.
 
 A commit decides, document by document, where each change goes in its
-document's history (:mod:`.history`). Rows it creates are not in a segment yet
+document's history (:mod:`.versions`). Rows it creates are not in a segment yet
 while it decides: they are *pending*, with row ids already given out, so a later
 change of the same commit can still give one of them an end in valid time — in
 place, since no reader can see this commit's epoch. At the end of the commit

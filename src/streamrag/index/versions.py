@@ -1,7 +1,34 @@
-"""Every version of every document, in event-time order: where a change goes in history.
+"""Which version of a document wins, and every version of every document.
 
-The index answers two questions about the past (see :mod:`.segment` for how a
-row carries them):
+**The rule.** A change is a version of its document ``(tenant, doc_id)``, and
+its place among the others is its :data:`Version`, ``(event_time, offset)``,
+compared as a tuple: the greater event time is newer, and on equal event times
+the greater source offset is (the change read later from its source). A
+version is newer than the one held only when it is *strictly* greater
+(:func:`is_newer`): the very same ``(event_time, offset)`` is the same change
+read twice, and never replaces itself. A delete is a version too — a
+tombstone that keeps its version — so an older upsert arriving after it is not
+newer and cannot bring the document back.
+
+>>> is_newer((20, 1), (10, 9))  # later event time wins, whatever the offset
+True
+>>> is_newer((10, 2), (10, 1))  # same event time: the greater offset wins
+True
+>>> is_newer((10, 1), (10, 1))  # the same change again: not newer
+False
+>>> is_newer((10, 1), None)  # nothing held yet
+True
+
+Within one micro-batch, the newest change per document is
+:func:`newest_per_doc`'s answer; of two changes with the same version, the
+first one seen is kept.
+
+>>> keys = [("t", "a"), ("t", "b"), ("t", "a")]
+>>> newest_per_doc(keys, [10, 5, 30], [1, 2, 3])
+{('t', 'a'): 2, ('t', 'b'): 1}
+
+**The history.** The index answers two questions about the past (see
+:mod:`.segment` for how a row carries them):
 
 - **as of event time T** — what did the documents say at T? Each document shows
   the change with the greatest ``(event_time, offset)`` at or before T; it
@@ -14,14 +41,17 @@ are cut into micro-batches: a change newer than the document's current version
 becomes current (last writer wins, as the current view always did); an older
 one — late, or beaten by a newer change in the same micro-batch — is placed
 between the two versions around it and *splits* the interval of the one
-before it. Its neighbours are what :class:`Versions` finds.
+before it. Its neighbours are what :class:`Versions` finds. An index without
+history (the exact index, or the LSM index with ``history=False``) keeps only
+the current version and ignores an older change as stale.
 
-The writer keeps, per document, the current version and the older versions
-whose interval still reaches into the retained history. An older version whose
-successor begins before the history floor can never be read again, so it is
-forgotten (:meth:`Versions.forget_before`); a change that would land entirely
-before the floor is not stored at all. Once a document forgot versions, a change
-older than every version it still holds lands among forgotten ones, before the
+**The document-state table.** :class:`Versions` keeps, per document, the
+current version and the older versions whose interval still reaches into the
+retained history. An older version whose successor begins before the history
+floor can never be read again, so it is forgotten
+(:meth:`Versions.forget_before`); a change that would land entirely before the
+floor is not stored at all. Once a document forgot versions, a change older
+than every version it still holds lands among forgotten ones, before the
 floor: :meth:`Versions.neighbours` says so by naming its oldest held version as
 the one after it (whose event time is at or before the floor).
 
@@ -42,17 +72,38 @@ False
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from streamrag.index.base import DocState
 
-__all__ = ["Key", "Version", "Versions"]
+__all__ = ["Key", "Version", "Versions", "is_newer", "newest_per_doc"]
 
 Key = tuple[str, str]
 """A document: ``(tenant, doc_id)``."""
 
 Version = tuple[int, int]
 """A change's place in its document's history: ``(event_time, offset)``."""
+
+
+def is_newer(version: Version, held: Version | None) -> bool:
+    """Whether a change with ``version`` replaces the version ``held`` (None: nothing held)."""
+    return held is None or version > held
+
+
+def newest_per_doc(
+    keys: Sequence[Key], times: Sequence[int], offsets: Sequence[int]
+) -> dict[Key, int]:
+    """The position of each document's newest change among parallel columns.
+
+    Keys appear in the order their documents are first seen; of two changes
+    with the same version, the first one is kept.
+    """
+    winners: dict[Key, int] = {}
+    for i, key in enumerate(keys):
+        j = winners.get(key)
+        if j is None or (times[i], offsets[i]) > (times[j], offsets[j]):
+            winners[key] = i
+    return winners
 
 
 def _version(state: DocState) -> Version:
@@ -101,7 +152,7 @@ class Versions:
         current = self._current.get(key)
         if current is None:
             return None, None, False
-        if version > current.version:
+        if is_newer(version, current.version):
             return current, None, False
         if version == current.version:
             return None, None, True
@@ -120,7 +171,7 @@ class Versions:
     def add(self, key: Key, state: DocState) -> bool:
         """Record a version not held yet; True if it became the current one."""
         current = self._current.get(key)
-        if current is None or state.version > current.version:
+        if current is None or is_newer(state.version, current.version):
             if current is not None:
                 self._past.setdefault(key, []).append(current)
             self._current[key] = state
