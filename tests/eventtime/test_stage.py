@@ -221,3 +221,44 @@ def test_pipeline_cursor_resumes_reading_and_windows_together(
     fresh: list[Any] = []
     run(len(lines), {k: v for k, v in half.items() if not k.startswith("window:")}, fresh)
     assert finals(fresh) != finals(whole)
+
+
+def test_a_source_watermark_fires_windows_and_never_moves_back() -> None:
+    clock = ManualClock(0)
+    tracker = WatermarkTracker(clock=clock, inputs=["s"])
+    stage = EventTimeStage(
+        tracker, [NamedWindow("count", WindowedAggregation(Tumbling(10), Count()))]
+    )
+    out = stage.process(_changes(("a", 1, "hr", 1), ("b", 12, "hr", 1), ("c", 25, "hr", 1)))
+    assert [r.window.start for _, r in out.results] == [0, 10]  # W = 24 from the data
+    out = stage.observe_watermark("s", 40)  # the source says: nothing more up to 40
+    assert stage.watermark == 40
+    assert [(r.window.start, r.value, r.timing.value) for _, r in out.results] == [
+        (20, 1, "on_time")
+    ]
+    assert stage.observe_watermark("s", 30).results == []  # lower: ignored
+    assert stage.watermark == 40
+    out = stage.process(_changes(("d", 35, "hr", 1)))  # behind the source's watermark: late
+    assert [(el.event_time, el.watermark) for _, el in out.late] == [(35, 40)]
+
+
+def test_a_source_watermark_waits_for_the_other_partitions() -> None:
+    clock = ManualClock(0)
+    stage = EventTimeStage(
+        WatermarkTracker(clock=clock, inputs=["s", "t"]),
+        [NamedWindow("count", WindowedAggregation(Tumbling(10), Count()))],
+    )
+    stage.process(_changes(("a", 1, "hr", 1)))
+    assert stage.observe_watermark("s", 50).results == []  # "t" has said nothing
+    out = stage.observe_watermark("t", 9)
+    assert [(r.window.start, r.value) for _, r in out.results] == [(0, 1)]
+    saved = msgspec.msgpack.decode(msgspec.msgpack.encode(stage.snapshot()))
+    again = EventTimeStage(
+        WatermarkTracker(clock=clock, inputs=["s", "t"]),
+        [NamedWindow("count", WindowedAggregation(Tumbling(10), Count()))],
+    )
+    again.restore(saved)
+    again.process(_changes(("b", 45, "hr", 1)))
+    out = again.observe_watermark("t", 60)
+    assert again.watermark == 50  # "s" still holds the watermark it sent
+    assert [(r.window.start, r.value) for _, r in out.results] == [(40, 1)]

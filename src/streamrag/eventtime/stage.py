@@ -6,7 +6,9 @@ and embedded. The stage
 1. feeds each configured window aggregation (per-domain change counts, feedback
    rates, a metric's mean...) with a key and a value taken from each change,
 2. records the newest event time per source partition and recomputes the
-   pipeline watermark (minimum over active partitions, never decreasing),
+   pipeline watermark (minimum over active partitions, never decreasing); a
+   source that carries watermarks of its own passes them to
+   :meth:`EventTimeStage.observe_watermark`,
 3. advances every aggregation to that watermark, which fires the windows it
    completes.
 
@@ -208,6 +210,27 @@ class EventTimeStage:
             self.tracker.observe(source, ts)
         if self._on_tick():
             self._advance(out)
+
+    def observe_watermark(self, partition: str, watermark: Timestamp) -> StageOutput:
+        """Take a watermark that a source sent itself for one of its partitions.
+
+        Kafka and Flink sources can carry watermarks of their own (a partition
+        that knows it has delivered everything up to some time, or a heartbeat of
+        a quiet one). ``partition`` is the input's name as the stage sees it: the
+        ``source`` column of that partition's changes. The watermark raises that
+        input's own (bounded out-of-orderness) one — never lowers it: a lower
+        watermark is ignored — and counts as a sign of life for idleness. The
+        pipeline watermark then moves as after a batch (at once, or at the next
+        tick), firing the windows it passes; their results come back here.
+
+        Call it after :meth:`process` of the batch the watermark came with, so
+        that the batch's changes are judged against the watermark before it.
+        """
+        out = StageOutput([], [])
+        self.tracker.observe_watermark(partition, watermark)
+        if self._on_tick():
+            self._advance(out)
+        return out
 
     def _on_tick(self) -> bool:
         """Whether the watermark may move now: always, or at the next processing-time tick.
