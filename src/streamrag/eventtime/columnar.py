@@ -226,7 +226,7 @@ class ColumnarWindows:
         if not rows:
             return
         slots = self._allocate(len(rows))
-        for slot, (key, start, _end, acc, fired, panes, fresh, filled) in zip(
+        for slot, (key, start, _end, acc, fired, panes, fresh, filled, *_) in zip(
             slots.tolist(), rows, strict=True
         ):
             c = self.code_of(hashable(key))

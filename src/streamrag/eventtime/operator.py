@@ -21,6 +21,10 @@ know, with Beam's pane timing on every result:
   open every ``early_every_us`` of processing time, for dashboards.
 * **Accumulating** (default) results carry everything the window has seen;
   **discarding** results carry only what arrived since the window last fired.
+* **Triggers** (:mod:`.triggers`) add firings before the window's end: every
+  ``n`` elements, or on every element, marked ``EARLY``; a *purging* trigger
+  clears the window after each firing (as discarding does). With the
+  :class:`~.windows.Global` window they give count windows.
 
 Sliding and tumbling windows with a numeric aggregation (count, sum, min, max,
 mean) keep their state in columns (:mod:`.columnar`); sessions and ``collect``
@@ -63,6 +67,7 @@ import numpy.typing as npt
 from streamrag.errors import ArgumentError, SpecError
 from streamrag.eventtime.aggregates import Aggregator
 from streamrag.eventtime.columnar import ColumnarWindows
+from streamrag.eventtime.triggers import ON_WATERMARK, Trigger
 from streamrag.eventtime.windows import Session, Sliding, Window, WindowAssigner
 from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 
@@ -117,6 +122,7 @@ class _State:
     panes: int = 0  # firings so far
     fresh: bool = True  # holds elements not yet in any result
     filled: bool = True  # the accumulator holds elements (false after a discarding firing)
+    count: int = 0  # elements since the last firing (kept for counting triggers)
 
 
 def _sort_key(r: WindowResult) -> tuple[Timestamp, Timestamp, str]:
@@ -134,6 +140,7 @@ class WindowedAggregation:
         allowed_lateness_us: Duration = 0,
         accumulation: Accumulation = Accumulation.ACCUMULATING,
         early_every_us: Duration | None = None,
+        trigger: Trigger = ON_WATERMARK,
         name: str = "",
     ) -> None:
         if allowed_lateness_us < 0:
@@ -147,7 +154,10 @@ class WindowedAggregation:
         self.allowed_lateness_us = allowed_lateness_us
         self.accumulation = Accumulation(accumulation)
         self.early_every_us = early_every_us
+        self.trigger = trigger
         self.name = name
+        # A purging trigger is discarding accumulation under Flink's name.
+        self._discarding = self.accumulation is Accumulation.DISCARDING or trigger.purge
         self._watermark: Timestamp = MIN_TIMESTAMP
         self._state: dict[Hashable, dict[Window, _State]] = {}
         # Timers, bucketed by the time they are due: many windows share an end, so
@@ -161,7 +171,8 @@ class WindowedAggregation:
         # Numeric aggregations over sliding windows keep their state in columns;
         # ``_vectorized`` switches that off (tests compare both layouts).
         self._columns: ColumnarWindows | None = None
-        if isinstance(assigner, Sliding) and hasattr(aggregator, "ufunc"):
+        # Counting triggers need a per-window count the columns do not hold.
+        if isinstance(assigner, Sliding) and hasattr(aggregator, "ufunc") and trigger.count is None:
             self._columns = ColumnarWindows(
                 assigner,
                 aggregator,  # type: ignore[arg-type]
@@ -215,8 +226,8 @@ class WindowedAggregation:
         if cols is not None:
             return self._process_in_columns(cols, keys, times, values)
         dirty: dict[tuple[Hashable, Window], None] = {}
-        late = self._process_rows(keys, times, values, dirty)
-        fired = []
+        fired: list[WindowResult] = []
+        late = self._process_rows(keys, times, values, dirty, fired)
         for key, window in dirty:
             st = self._state.get(key, {}).get(window)
             if st is not None and st.fresh and window.max_timestamp <= self._watermark:
@@ -282,10 +293,6 @@ class WindowedAggregation:
                 late.append(LateElement(i, keys[i], int(t[i]), value, wm))
         return fired, late
 
-    @property
-    def _discarding(self) -> bool:
-        return self.accumulation is Accumulation.DISCARDING
-
     @staticmethod
     def _emitter(timing: Timing) -> Callable[[Hashable, Window, Any, int], WindowResult]:
         def emit(key: Hashable, window: Window, value: Any, pane: int) -> WindowResult:
@@ -299,10 +306,13 @@ class WindowedAggregation:
         times: Sequence[int] | npt.NDArray[np.int64],
         values: Sequence[Any] | npt.NDArray[Any] | None,
         dirty: dict[tuple[Hashable, Window], None],
+        fired: list[WindowResult],
     ) -> list[LateElement]:
+        """Fold elements in; windows a counting trigger fires go to ``fired`` (EARLY)."""
         late = []
         agg = self.aggregator
         merging = self.assigner.merging
+        every = self.trigger.count
         for i, key in enumerate(keys):
             ts = int(times[i])
             value = None if values is None else values[i]
@@ -324,6 +334,11 @@ class WindowedAggregation:
                 st.acc = agg.add(st.acc, value)
                 st.fresh = st.filled = True
                 dirty[(key, window)] = None
+                if every is not None:
+                    st.count += 1
+                    # Before the watermark reaches the end; behind it, LATE re-firing rules.
+                    if st.count >= every and window.max_timestamp > self._watermark:
+                        fired.append(self._fire(key, window, st, Timing.EARLY))
         return late
 
     def _merge_session(self, key: Hashable, ts: Timestamp) -> Window | None:
@@ -350,6 +365,7 @@ class WindowedAggregation:
             st.panes = max(st.panes, old.panes)
             st.fresh |= old.fresh
             st.filled |= old.filled
+            st.count += old.count  # as Flink's CountTrigger.onMerge
         windows[merged] = st
         self._open += 1
         self._schedule(key, merged)
@@ -449,7 +465,8 @@ class WindowedAggregation:
         result = WindowResult(key, window, self.aggregator.result(st.acc), timing, st.panes)
         st.panes += 1
         st.fresh = False
-        if self.accumulation is Accumulation.DISCARDING:
+        st.count = 0
+        if self._discarding:
             st.acc = self.aggregator.create()
             st.filled = False
         return result
@@ -459,14 +476,18 @@ class WindowedAggregation:
     def snapshot(self) -> dict[str, Any]:
         """The operator's whole state as plain data: watermark, windows, accumulators.
 
-        Timers are not stored: they are derived from the windows on restore.
+        Timers are not stored: they are derived from the windows on restore. With
+        a counting trigger each row also holds the elements counted since the
+        window last fired.
         """
         cols = self._columnar()
         if cols is not None:
             rows = cols.rows()
         else:
+            counting = self.trigger.count is not None
             rows = [
                 [key, w.start, w.end, st.acc, st.fired, st.panes, st.fresh, st.filled]
+                + ([st.count] if counting else [])
                 for key, windows in self._state.items()
                 for w, st in windows.items()
             ]
@@ -484,10 +505,12 @@ class WindowedAggregation:
         if cols is not None:
             cols.load(state["windows"], _hashable)
             return
-        for key, start, end, acc, fired, panes, fresh, filled in state["windows"]:
+        for key, start, end, acc, fired, panes, fresh, filled, *more in state["windows"]:
             k = _hashable(key)
             window = Window(int(start), int(end))
-            self._state.setdefault(k, {})[window] = _State(acc, fired, panes, fresh, filled)
+            count = int(more[0]) if more else 0  # rows written without a count: none counted
+            st = _State(acc, fired, panes, fresh, filled, count)
+            self._state.setdefault(k, {})[window] = st
             self._open += 1
             self._schedule(k, window)
 

@@ -1,8 +1,9 @@
 """Windows: which slice of event time an element is counted in.
 
 A window is the half-open span ``[start, end)`` of event time; its last instant
-is ``end - 1`` (:attr:`Window.max_timestamp`). Three kinds, as in Apache Flink,
-Beam and Bytewax, all aligned to the Unix epoch (plus an optional offset):
+is ``end - 1`` (:attr:`Window.max_timestamp`). Three kinds by time, as in Apache
+Flink, Beam and Bytewax, all aligned to the Unix epoch (plus an optional offset),
+and the global window:
 
 * **tumbling** ``size``: back-to-back windows; an element is in exactly one.
 * **sliding** ``size, slide``: a window starts every ``slide``; an element is in
@@ -10,6 +11,9 @@ Beam and Bytewax, all aligned to the Unix epoch (plus an optional offset):
 * **session** ``gap``: each element opens ``[ts, ts + gap)``; windows of the same
   key that overlap *or touch* merge, so two elements exactly ``gap`` apart share a
   session.
+* **global**: one window per key, ``[MIN, MAX)``, that never closes by time: the
+  watermark reaches its end only at the end of a bounded input. It is used with
+  a count trigger (:mod:`.triggers`), as Flink's and Beam's ``GlobalWindows``.
 
 Window starts are ``offset + k * slide`` for whole ``k``, negative included, so
 times before 1970 fall in windows too.
@@ -22,6 +26,8 @@ times before 1970 fall in windows too.
 [Window(start=10, end=20), Window(start=5, end=15)]
 >>> Session(5).assign(12)
 [Window(start=12, end=17)]
+>>> Global().assign(12) == [GLOBAL_WINDOW]
+True
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import ConfigError
-from streamrag.timing import Duration, Timestamp
+from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
 
-__all__ = ["Session", "Sliding", "Tumbling", "Window", "WindowAssigner"]
+__all__ = ["GLOBAL_WINDOW", "Global", "Session", "Sliding", "Tumbling", "Window", "WindowAssigner"]
 
 
 class Window(NamedTuple):
@@ -150,3 +156,21 @@ class Session:
     def assign(self, ts: Timestamp) -> list[Window]:
         """Each element opens its own session ``[ts, ts + gap)``; merging comes later."""
         return [Window(ts, ts + self.gap_us)]
+
+
+GLOBAL_WINDOW = Window(MIN_TIMESTAMP, MAX_TIMESTAMP)
+"""The one window of :class:`Global`: all of event time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Global:
+    """One window per key over all of event time, which only the end of input closes."""
+
+    @property
+    def merging(self) -> bool:
+        """There is one window per key: nothing to merge."""
+        return False
+
+    def assign(self, ts: Timestamp) -> list[Window]:
+        """Every element belongs to the global window."""
+        return [GLOBAL_WINDOW]
