@@ -9,6 +9,18 @@ last record it returned — so a restart that passes that snapshot back to
 Readers return :class:`RawBatch` objects: undecoded lines plus the offset of
 each one. Decoding and validation happen in the next stage (:mod:`streamrag.ingest`),
 so a malformed record can be dead-lettered with its exact source and offset.
+
+**Watermarks a source carries.** Most sources know nothing about event time,
+and the event-time stage estimates a watermark for them (bounded
+out-of-orderness). Some know more: a partition that is ordered by event time, or
+a broker that tracks time per partition, can say "no record of this partition
+with an event time below *t* will follow". Flink does this for Kafka: its
+watermark strategy can run inside the Kafka consumer, one watermark per Kafka
+partition, merged like any other per-partition watermark (Flink docs,
+"Generating Watermarks", *Watermark Strategies and the Kafka Connector*); Beam's
+``TestStream.advance_watermark_to`` scripts the same in tests. A reader passes
+such a claim on in :attr:`RawBatch.watermark`. (Not to be confused with Kafka's
+*high watermark*, which is an offset, not a time.)
 """
 
 from __future__ import annotations
@@ -16,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from streamrag.timing import Timestamp
 
 __all__ = ["RawBatch", "Source", "SourceReader"]
 
@@ -27,6 +41,19 @@ class RawBatch:
     ``offsets[i]`` is where ``lines[i]`` starts; ``end_offset`` is the resume
     position after the last line. A reader that cuts a runaway record short says
     how long it really was in ``sizes`` (line index → bytes), so the error names it.
+
+    ``watermark`` is an explicit watermark the source itself carries, or None
+    when it has none (the file sources). It holds *after* the batch's last line:
+    no record of this partition read after this batch has an event time below
+    it. Records inside the batch may be below it — they came before the claim.
+    A source never sends a partition's watermark backwards, and a batch may
+    carry a watermark and no lines at all (time moved on, nothing arrived), so a
+    reader of batches must not assume ``offsets[0]`` exists.
+
+    >>> RawBatch("orders-0", [b'{"doc_id": "a"}'], [41], 42, watermark=1_000_000)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    RawBatch(source='orders-0', lines=[b'{"doc_id": "a"}'], offsets=[41], end_offset=42,
+             sizes=None, watermark=1000000)
     """
 
     source: str
@@ -34,6 +61,7 @@ class RawBatch:
     offsets: list[int]
     end_offset: int
     sizes: dict[int, int] | None = None
+    watermark: Timestamp | None = None
 
     def __len__(self) -> int:
         return len(self.lines)

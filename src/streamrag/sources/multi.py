@@ -45,7 +45,8 @@ class MultiSourceReader:
                 break
             got = reader.poll(budget, final=final)
             out.extend(got)
-            budget -= sum(b.end_offset - b.offsets[0] for b in got)
+            # A batch may carry only a watermark, and no lines.
+            budget -= sum(b.end_offset - b.offsets[0] for b in got if b.offsets)
         return out
 
     def snapshot(self) -> dict[str, int]:
