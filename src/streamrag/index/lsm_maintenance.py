@@ -1,0 +1,268 @@
+"""Maintenance of the LSM index: ANN builds, recall checks, compaction, its thread.
+
+Nothing slow happens on the commit path. A full growing segment is only
+sealed; the maintenance thread (``background=True``) then builds its ANN
+structure (:mod:`.ann`), re-checks the recall of every structure on a sample of
+recent real queries (widening or dropping one that misses the target), merges
+segments its policy picks with their neighbours in event time
+(:mod:`.compaction`), and checkpoints when one is due. It takes the writer lock
+only to publish its result, and runs at a lower CPU priority than the process.
+Without the thread, :meth:`LsmMaintenance.maintain` does one round of it all
+(tests call it, deterministically).
+
+A compaction that a rollback overtook is void: the rollback bumps the
+generation, and a merge begun under an older one is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+import numpy as np
+
+from streamrag.index.ann import (
+    Ann,
+    BuildCancelled,
+    build_ann,
+    choose_ann,
+    recall_on,
+)
+from streamrag.index.compaction import droppable, plan
+from streamrag.index.lsm_persistence import LsmPersistence
+from streamrag.index.segment import Rows, Segment
+
+log = logging.getLogger("streamrag.index")
+
+
+__all__ = ["LsmMaintenance"]
+
+_MAINTENANCE_NICE = 10
+"""How much lower the maintenance thread's CPU priority is than the process's."""
+
+
+class LsmMaintenance(LsmPersistence):
+    """ANN structures, recall checks, compaction, checkpoints when due, and the thread."""
+
+    def seal_all(self) -> None:
+        """Seal every growing segment now (before a bulk compaction, or a rollback)."""
+        with self._lock:
+            if self._growing is not None:
+                self._seal(self._growing)
+            self._republish()
+
+    def maintain(self) -> bool:
+        """Build missing ANN structures, compact, checkpoint when due; True if it did work."""
+        did = False
+        with self._maint:
+            while self._build_one_ann():
+                did = True
+            did |= self.check_recall()
+            did |= self.compact()
+            if self._path is not None and (
+                self._needs_checkpoint or self._dirty >= self._spec.checkpoint_every
+            ):
+                self.checkpoint()
+                did = True
+        return did
+
+    def check_recall(self, *, force: bool = False) -> bool:
+        """Re-check every ANN structure's recall@10 on recent real queries.
+
+        A structure below ``target_recall`` is widened until it reaches it, or
+        dropped (the segment is then scanned exactly). Runs every
+        ``probe_every`` queries; True if a structure was changed.
+        """
+        spec = self._spec.ann
+        due = self._queries_seen - self._queries_at_check >= spec.probe_every
+        if not self._probes or not (due or force):
+            return False
+        self._queries_at_check = self._queries_seen
+        queries = np.stack(list(self._probes))
+        changed = False
+        lowest = 1.0
+        for seg in list(self._segments.values()):
+            ann = seg.ann
+            if ann is None or not seg.sealed:
+                continue
+            vectors = seg.vectors[: ann.rows]
+            recall = recall_on(ann, vectors, queries)
+            while recall < spec.target_recall and ann.widen(spec):
+                changed = True
+                recall = recall_on(ann, vectors, queries)
+            if recall < spec.target_recall:
+                log.warning(
+                    "%r: its %s structure finds %.0f%% of the true top 10 on recent queries "
+                    "at its widest; searching it exactly from now on",
+                    seg,
+                    ann.kind,
+                    100 * recall,
+                )
+                with self._lock:
+                    seg.ann = None
+                    seg.ann_file = None
+                    self._failed_ann.add(seg.id)
+                    self._needs_checkpoint = True
+                changed = True
+                continue
+            lowest = min(lowest, recall)
+        self.ann_recall_min = lowest
+        return changed
+
+    def _build_one_ann(self) -> bool:
+        with self._lock:
+            todo = self._ann_candidates()
+        if not todo:
+            return False
+        seg = todo[0]
+        kind = choose_ann(seg.n, self._spec.ann)
+        assert kind is not None
+        try:
+            ann = build_ann(kind, seg.vectors[: seg.n], self._spec.ann, self._closing)
+        except BuildCancelled:
+            return False  # the index is closing; the next open builds it
+        except Exception as exc:
+            self._failed_ann.add(seg.id)  # searched exactly from now on
+            log.exception("building the %s structure of %r failed", kind, seg)
+            self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+            return True
+        if ann is None:
+            # Not accurate enough on this data at any width: scan it exactly.
+            self._failed_ann.add(seg.id)
+            log.info("%r is searched exactly: its %s structure missed the recall target", seg, kind)
+            return True
+        self._attach_ann(seg, ann)
+        return True
+
+    def _attach_ann(self, seg: Segment, ann: Ann) -> None:
+        with self._lock:
+            seg.ann = ann
+            current = self._segments.get(seg.id)
+            if current is not None and current.vectors is seg.vectors:
+                current.ann = ann
+            self._needs_checkpoint = True
+
+    def compact(self, *, force: bool = False) -> bool:
+        """Merge segments the policy picks: neighbours in event time (all with ``force``)."""
+        did = False
+        with self._maint:
+            with self._lock:
+                man = self._manifest
+                groups = plan(
+                    list(self._segments.values()),
+                    self._spec.compaction,
+                    man.history_floor_us,
+                    man.epoch_floor,
+                    force=force,
+                )
+                generation = self._generation
+            for group in groups:
+                did |= self._merge(group, man.history_floor_us, man.epoch_floor, generation)
+        return did
+
+    def _merge(
+        self, group: list[Segment], hist_floor: int, epoch_floor: int, generation: int
+    ) -> bool:
+        keeps = [np.flatnonzero(~droppable(s, s.n, hist_floor, epoch_floor)) for s in group]
+        rows = Rows.concat([s.take(k) for s, k in zip(group, keeps, strict=True)])
+        # In event-time order: a time range or an as_of read then selects a run of
+        # neighbouring rows, which a scan reads as one slice instead of gathering.
+        order = np.argsort(rows.valid_from, kind="stable")
+        rows = rows.select(order)
+        with self._lock:
+            seg_id = self._new_seg_id()
+        merged = Segment.from_rows(seg_id, rows, sealed=True)
+        kind = choose_ann(merged.n, self._spec.ann)
+        if kind is not None:
+            try:
+                merged.ann = build_ann(
+                    kind, merged.vectors[: merged.n], self._spec.ann, self._closing
+                )
+            except BuildCancelled:
+                return False  # closing: the segments stay as they were
+        if self._path is not None and merged.n:
+            self._write_segment(merged)
+        with self._lock:
+            if generation != self._generation or any(
+                self._segments.get(s.id) is not s for s in group
+            ):
+                return False  # a rollback replaced these segments meanwhile
+            # Stamps written while we merged: copy them over, under the writer lock.
+            n = merged.n
+            for name in ("sup", "valid_to", "dead"):
+                now = np.concatenate(
+                    [getattr(s, name)[k] for s, k in zip(group, keeps, strict=True)]
+                )
+                getattr(merged, name)[:n] = now[order]
+            merged.refresh_bounds()
+            for s in group:
+                dropped = np.setdiff1d(s.rids[: s.n], merged.rids[: merged.n], assume_unique=True)
+                self._rid_seg[dropped] = -1
+                del self._segments[s.id]
+            if merged.n:
+                self._segments[merged.id] = merged
+                self._rid_seg[merged.rids[: merged.n]] = merged.id
+                self._rid_row[merged.rids[: merged.n]] = np.arange(merged.n)
+            self._compacted_floor = max(self._compacted_floor, epoch_floor)
+            self._compactions += 1
+            self._last_compaction_us = self._clock.now_us()
+            self._needs_checkpoint = True
+            self._republish()
+        return True
+
+    def _maintenance_loop(self) -> None:
+        # Graph builds and merges can wait; commits and queries cannot. On Linux a
+        # thread has its own nice value: give this one less CPU when others want it.
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _MAINTENANCE_NICE)
+        while True:
+            with self._wake:
+                if self._closed:
+                    return
+            try:
+                busy = self.maintain()
+            except Exception as exc:
+                log.exception("index maintenance failed")
+                self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+                busy = False
+            if not busy:
+                with self._wake:
+                    if self._closed:
+                        return
+                    # Woken by commits that seal or make a checkpoint due; the timeout
+                    # is a safety net for compaction made possible by time passing.
+                    self._wake.wait(timeout=5.0)
+
+    def close(self) -> None:
+        """Stop the maintenance thread, checkpoint (if persistent) and close the log."""
+        with self._wake:
+            was_closed = self._closed
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if was_closed:
+            return
+        with self._maint, self._lock:
+            if self._path is not None and self._wal is not None:
+                self.checkpoint()
+                self._wal.close()
+
+    def abandon(self) -> None:
+        """Stop and release files without a checkpoint: what a crash leaves (for tests)."""
+        self._halt()
+        with self._lock:
+            if self._wal is not None:
+                self._wal.close()
+
+    def _halt(self) -> None:
+        """Stop the maintenance thread after its current step (no checkpoint)."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
