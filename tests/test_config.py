@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrag.config import load_settings
+from streamrag.config import WindowSettings, load_settings
 from streamrag.errors import ConfigError
 
 
@@ -76,3 +76,31 @@ def test_missing_or_invalid_file(tmp_path: Path) -> None:
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_settings(bad, environ={})
+
+
+def _window(**fields: object) -> WindowSettings:
+    s = load_settings(overrides={"event_time.windows": [{"name": "w", **fields}]}, environ={})
+    return s.event_time.windows[0]
+
+
+def test_window_triggers_and_the_global_window() -> None:
+    w = _window(kind="global", trigger="count", trigger_count=100, purge=True)
+    assert (w.kind, w.trigger, w.trigger_count, w.purge) == ("global", "count", 100, True)
+    w = _window(size_ms=5, trigger="every_update")
+    assert (w.trigger, w.trigger_count, w.purge) == ("every_update", None, False)
+    assert _window(size_ms=5).trigger == "watermark"  # the default is unchanged
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"size_ms": 5, "trigger": "count"}, "trigger 'count' needs trigger_count"),
+        ({"size_ms": 5, "trigger_count": 3}, "trigger_count applies to trigger: count"),
+        ({"kind": "global"}, "a global window never closes by time"),
+        ({"size_ms": 5, "trigger": "count", "trigger_count": 0}, "trigger_count"),
+        ({"size_ms": 5, "trigger": "sometimes"}, "trigger"),
+    ],
+)
+def test_window_trigger_settings_are_validated(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _window(**fields)

@@ -261,10 +261,20 @@ class IndexSettings(_Frozen):
 
 
 class WindowSettings(_Frozen):
-    """One window aggregation over the change stream (counts, rates, metrics)."""
+    """One window aggregation over the change stream (counts, rates, metrics).
+
+    ``kind: global`` is one window per key that never closes by time (it fires
+    on time only at the end of a bounded input), so it needs a counting
+    ``trigger``. Triggers (see ``streamrag.eventtime.triggers``) add ``early``
+    firings before a window's end: ``count`` every ``trigger_count`` changes,
+    ``every_update`` on every change; ``purge`` clears a window after each firing
+    (Flink's purging trigger, the same results as ``accumulation: discarding``).
+    """
 
     name: str = Field(..., min_length=1, description="Name in results, metrics and the API.")
-    kind: Literal["tumbling", "sliding", "session"] = Field("tumbling", description="Window kind.")
+    kind: Literal["tumbling", "sliding", "session", "global"] = Field(
+        "tumbling", description="Window kind (global: one window per key, never closed by time)."
+    )
     size_ms: int | None = Field(None, gt=0, description="Window length (tumbling, sliding).")
     slide_ms: int | None = Field(None, gt=0, description="Start-to-start spacing (sliding).")
     gap_ms: int | None = Field(None, gt=0, description="Inactivity that ends a session.")
@@ -290,17 +300,49 @@ class WindowSettings(_Frozen):
     early_every_ms: int | None = Field(
         None, gt=0, description="Emit EARLY results of open windows this often."
     )
+    trigger: Literal["watermark", "count", "every_update"] = Field(
+        "watermark",
+        description="Also fire open windows (EARLY) every trigger_count changes (count) or on "
+        "every change (every_update).",
+    )
+    trigger_count: int | None = Field(
+        None, gt=0, description="Changes between firings (trigger: count)."
+    )
+    purge: bool = Field(
+        False, description="Clear a window after each firing (Flink's purging trigger)."
+    )
     keep_results: int = Field(1000, gt=0, description="Latest results kept for the API.")
 
     @model_validator(mode="after")
     def _complete(self) -> WindowSettings:
-        needs = {"tumbling": ["size_ms"], "sliding": ["size_ms", "slide_ms"], "session": ["gap_ms"]}
+        needs = {
+            "tumbling": ["size_ms"],
+            "sliding": ["size_ms", "slide_ms"],
+            "session": ["gap_ms"],
+            "global": [],
+        }
         missing = [f for f in needs[self.kind] if getattr(self, f) is None]
         if missing:
             msg = f"a {self.kind} window needs {' and '.join(missing)}"
             raise SpecError(msg)
         if self.aggregate != "count" and self.value is None:
             msg = f"aggregate {self.aggregate!r} needs value: the field to aggregate"
+            raise SpecError(msg)
+        if self.trigger == "count" and self.trigger_count is None:
+            msg = "trigger 'count' needs trigger_count: the changes between firings"
+            raise SpecError(msg)
+        if self.trigger != "count" and self.trigger_count is not None:
+            msg = (
+                f"trigger_count applies to trigger: count, found trigger: {self.trigger}; "
+                "set trigger: count or drop trigger_count"
+            )
+            raise SpecError(msg)
+        if self.kind == "global" and self.trigger == "watermark":
+            msg = (
+                "a global window never closes by time, so on the watermark alone it fires "
+                "only at the end of a bounded input; set trigger: count (with trigger_count) "
+                "or every_update"
+            )
             raise SpecError(msg)
         return self
 

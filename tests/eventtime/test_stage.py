@@ -13,9 +13,11 @@ from streamrag.errors import ConfigError
 from streamrag.eventtime import (
     Count,
     EventTimeStage,
+    Global,
     Mode,
     NamedWindow,
     Sum,
+    Trigger,
     Tumbling,
     WatermarkTracker,
     WindowedAggregation,
@@ -262,3 +264,41 @@ def test_a_source_watermark_waits_for_the_other_partitions() -> None:
     out = again.observe_watermark("t", 60)
     assert again.watermark == 50  # "s" still holds the watermark it sent
     assert [(r.window.start, r.value) for _, r in out.results] == [(40, 1)]
+
+
+def test_window_settings_build_the_operator_they_describe() -> None:
+    specs: list[dict[str, Any]] = [
+        {"name": "t", "size_ms": 5, "allowed_lateness_ms": 2, "early_every_ms": 1},
+        {"name": "s", "kind": "sliding", "size_ms": 6, "slide_ms": 2, "offset_ms": 1},
+        {"name": "g", "kind": "session", "gap_ms": 3, "aggregate": "sum", "value": "metadata.n"},
+        {"name": "d", "size_ms": 5, "accumulation": "discarding", "key": ["tenant", "doc_id"]},
+    ]
+    settings = load_settings(overrides={"event_time.windows": specs}, environ={})
+    built = [NamedWindow.from_settings(w) for w in settings.event_time.windows]
+    service = build_event_time(settings, ManualClock(0)).windows
+    for mine, theirs in zip(built, service, strict=True):
+        assert (mine.name, mine.key, mine.value, mine.keep_results) == (
+            theirs.name,
+            theirs.key,
+            theirs.value,
+            theirs.keep_results,
+        )
+        for attr in ("assigner", "allowed_lateness_us", "accumulation", "early_every_us", "name"):
+            assert getattr(mine.operator, attr) == getattr(theirs.operator, attr)
+        assert type(mine.operator.aggregator) is type(theirs.operator.aggregator)
+        assert mine.operator.trigger == Trigger()
+
+    new: list[dict[str, Any]] = [
+        {"name": "per_3", "kind": "global", "trigger": "count", "trigger_count": 3, "purge": True},
+        {"name": "live", "size_ms": 5, "trigger": "every_update"},
+    ]
+    settings = load_settings(overrides={"event_time.windows": new}, environ={})
+    per_3, live = (NamedWindow.from_settings(w) for w in settings.event_time.windows)
+    assert isinstance(per_3.operator.assigner, Global)
+    assert per_3.operator.trigger == Trigger.of_count(3).purging()
+    assert live.operator.trigger == Trigger.every_update()
+    stage = EventTimeStage(WatermarkTracker(clock=ManualClock(0)), [per_3, live])
+    out = stage.process(_changes(*[(f"d{i}", i * 1_000, "hr", 1) for i in range(1, 8)]))
+    counts = [r.value for name, r in out.results if name == "per_3"]
+    assert counts == [3, 3]
+    assert {r.timing.value for name, r in out.results if name == "live"} >= {"early", "on_time"}

@@ -46,10 +46,19 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.changes import ChangeBatch, Op
+from streamrag.config import WindowSettings
 from streamrag.errors import ConfigError, UnknownNameError
-from streamrag.eventtime.operator import LateElement, WindowedAggregation, WindowResult
+from streamrag.eventtime.aggregates import AGGREGATORS
+from streamrag.eventtime.operator import (
+    Accumulation,
+    LateElement,
+    WindowedAggregation,
+    WindowResult,
+)
+from streamrag.eventtime.triggers import Trigger
 from streamrag.eventtime.watermarks import WatermarkTracker
-from streamrag.timing import Timestamp
+from streamrag.eventtime.windows import Global, Session, Sliding, WindowAssigner
+from streamrag.timing import US_PER_MS, Timestamp
 
 __all__ = ["EventTimeStage", "Mode", "NamedWindow", "StageOutput", "field_column"]
 
@@ -72,6 +81,43 @@ class NamedWindow:
     key: tuple[str, ...] = ("domain",)
     value: str | None = None
     keep_results: int = 1000
+
+    @classmethod
+    def from_settings(cls, settings: WindowSettings) -> NamedWindow:
+        """The window aggregation one entry of the ``event_time.windows`` config describes.
+
+        >>> from streamrag.config import WindowSettings
+        >>> w = NamedWindow.from_settings(
+        ...     WindowSettings(name="per_100", kind="global", trigger="count", trigger_count=100)
+        ... )
+        >>> w.operator.trigger, type(w.operator.assigner).__name__
+        (Trigger(count=100, purge=False), 'Global')
+        """
+        ms = US_PER_MS
+        assigner: WindowAssigner
+        if settings.kind == "global":
+            assigner = Global()
+        elif settings.kind == "session":
+            assert settings.gap_ms is not None  # checked by the settings
+            assigner = Session(settings.gap_ms * ms)
+        else:
+            assert settings.size_ms is not None
+            slide = settings.size_ms if settings.kind == "tumbling" else settings.slide_ms
+            assert slide is not None
+            assigner = Sliding(settings.size_ms * ms, slide * ms, settings.offset_ms * ms)
+        count = {"watermark": None, "count": settings.trigger_count, "every_update": 1}
+        op = WindowedAggregation(
+            assigner,
+            AGGREGATORS[settings.aggregate](),
+            allowed_lateness_us=settings.allowed_lateness_ms * ms,
+            accumulation=Accumulation(settings.accumulation),
+            early_every_us=None
+            if settings.early_every_ms is None
+            else settings.early_every_ms * ms,
+            trigger=Trigger(count=count[settings.trigger], purge=settings.purge),
+            name=settings.name,
+        )
+        return cls(settings.name, op, tuple(settings.key), settings.value, settings.keep_results)
 
 
 @dataclass(slots=True)
