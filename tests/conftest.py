@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from streamrag.batching import MicroBatcher
 from streamrag.chunking import TokenSplitter
 from streamrag.embed.base import Embedder
 from streamrag.index import ExactIndex
@@ -15,6 +16,26 @@ from streamrag.ingest import DeadLetterStore
 from streamrag.runtime import Pipeline
 from streamrag.sources import JsonlSource
 from streamrag.testing import CountingEmbedder, FakeEmbedder, ManualClock, ScriptedSource
+
+BATCHER_ARGS = (
+    "max_batch_size",
+    "max_delay_ms",
+    "max_batch_tokens",
+    "max_pending",
+    "max_pending_bytes",
+    "partition",
+    "controller",
+    "tick_us",
+)
+
+
+def with_batcher(kwargs: dict[str, Any], clock: ManualClock) -> dict[str, Any]:
+    """Pipeline arguments with the batcher's own (``max_batch_size``, ...) made into one."""
+    args = {k: kwargs.pop(k) for k in BATCHER_ARGS if k in kwargs}
+    args.setdefault("max_batch_size", 256)
+    args.setdefault("max_delay_ms", 20)
+    kwargs["batcher"] = MicroBatcher(clock=clock, **args)
+    return kwargs
 
 
 @pytest.fixture
@@ -58,7 +79,7 @@ def pipeline_factory(tmp_path: Path, clock: ManualClock) -> PipelineFactory:
             index=ExactIndex(emb.dim, initial_capacity=4, clock=clock),
             dead_letters=DeadLetterStore(tmp_path / "dead.jsonl", truncate=True),
             clock=clock,
-            **kwargs,
+            **with_batcher(kwargs, clock),
         )
 
     return build

@@ -22,6 +22,7 @@ from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.runtime import Pipeline
 from streamrag.sources import JsonlSource, RawBatch
 from streamrag.testing import FakeEmbedder, ManualClock, change_line
+from tests.conftest import with_batcher
 
 T0 = 1_714_521_600
 
@@ -48,7 +49,7 @@ def _pipeline(path: Path, tmp: Path, **kwargs: Any) -> tuple[Pipeline, list[int]
         clock=clock,
         splitter=TokenSplitter(max_tokens=32, overlap_tokens=4),
         on_commit=[hook],
-        **kwargs,
+        **with_batcher(kwargs, clock),
     )
     return p, committed
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamrag.batching import MicroBatcher
 from streamrag.chunking import TokenSplitter
 from streamrag.errors import EmbedderError
 from streamrag.index import SearchFilter
@@ -241,7 +242,7 @@ def test_stream_equals_batch_whatever_the_arrival_order(tmp_path: Path, clock: M
             clock=clock,
             dead_letters=DeadLetterStore(tmp_path / f"dl{batch}.jsonl", truncate=True),
             splitter=TokenSplitter(max_tokens=16, overlap_tokens=4),
-            max_batch_size=batch,
+            batcher=MicroBatcher(max_batch_size=batch, max_delay_ms=20, clock=clock),
             max_read_bytes=200,
         )
         for line in order:

@@ -26,6 +26,7 @@ from streamrag.runtime.replay import index_digest, window_finals
 from streamrag.runtime.service import build_event_time
 from streamrag.sources import JsonlSource
 from streamrag.testing import FakeEmbedder, ManualClock, change_line
+from tests.conftest import with_batcher
 
 HOUR_US = 3_600_000_000
 T0 = 1_704_067_200  # 2024-01-01T00:00:00Z, in seconds
@@ -90,7 +91,7 @@ class Job:
             on_window=[lambda name, r: self.results.append((name, r))],
             cursor=self.index.cursor,
             max_read_bytes=2048,
-            **kwargs,
+            **with_batcher(kwargs, clock),
         )
 
     def crash(self) -> None:

@@ -16,32 +16,16 @@ import numpy as np
 import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
-from streamrag.batching import AdaptiveController, PartitionKey
-from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, build_embedder, check_vectors
-from streamrag.embed.resilient import RetryPolicy
-from streamrag.eventtime import (
-    AGGREGATORS,
-    Accumulation,
-    EventTimeStage,
-    Mode,
-    NamedWindow,
-    Session,
-    Sliding,
-    WatermarkTracker,
-    WindowedAggregation,
-)
 from streamrag.index.base import Hit, SearchFilter
 from streamrag.index.factory import build_index
-from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.runtime.build import build_event_time, build_pipeline
+from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
 from streamrag.runtime.metrics import Metrics
-from streamrag.runtime.pipeline import Pipeline
 from streamrag.sources.base import Source
-from streamrag.sources.files import JsonlSource
-from streamrag.sources.multi import MultiSource
 from streamrag.timing import (
     MAX_TIMESTAMP,
     MIN_TIMESTAMP,
@@ -52,7 +36,7 @@ from streamrag.timing import (
     format_timestamp,
 )
 
-__all__ = ["Service"]
+__all__ = ["Service", "build_event_time"]
 
 
 class Service:
@@ -78,62 +62,23 @@ class Service:
         self.metrics.watch_index(getattr(self.index, "health", None))
         # What each commit changed: the answer cache checks it before serving.
         self.epochs = EpochLog()
-        ingest = settings.ingest
-        batcher = settings.batcher
-        line_cap = ingest.max_document_bytes + 1
-        src = source or MultiSource(
-            [
-                JsonlSource(
-                    settings.source.path, glob=settings.source.glob, max_line_bytes=line_cap
-                ),
-                JsonlSource(settings.replay_dir, max_line_bytes=line_cap),
-            ]
-        )
         # Where the last commit left the stream: a restart resumes exactly there.
         cursor = self.index.cursor
         self.resumed_from = self.index.epoch if cursor is not None else None
-        self.resumed_at: dict[str, int] = {"ingested": 0, "waiting": 0}
-        if cursor is not None:
-            self.resumed_at = {
-                "ingested": int(cursor.get("stats", {}).get("ingested", 0)),
-                "waiting": sum(len(v) for v in (cursor.get("pending") or {}).values()),
-            }
-        emb = settings.embedder
-        self.pipeline = Pipeline(
-            source=src,
+        resumed = Cursor.from_mapping(cursor) if cursor is not None else Cursor()
+        self.resumed_at = {
+            "ingested": int(resumed.stats.get("ingested", 0)),
+            "waiting": resumed.waiting,
+        }
+        self.pipeline = build_pipeline(
+            settings,
             embedder=self.embedder,
             index=self.index,
-            # Kept across restarts; a record refused again on a replay is stored once.
-            dead_letters=DeadLetterStore(settings.dead_letter_path),
             clock=self.clock,
-            splitter=_splitter(settings, self.embedder),
-            decoder=Decoder(
-                default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
-            ),
-            max_batch_size=batcher.max_batch_size,
-            max_delay_ms=batcher.max_delay_ms,
-            max_batch_tokens=batcher.max_batch_tokens,
-            max_pending=batcher.max_pending or 4 * batcher.max_batch_size,
-            max_pending_bytes=batcher.max_pending_bytes,
-            commit_interval_ms=batcher.commit_interval_ms,
-            history=settings.index.kind == "lsm" and settings.index.history == "full",
-            retry=RetryPolicy(
-                attempts=emb.attempts,
-                backoff_s=emb.backoff_ms / 1000,
-                max_backoff_s=emb.max_backoff_ms / 1000,
-                timeout_s=emb.timeout_s,
-            ),
-            cursor=cursor,
-            partition=PartitionKey(
-                tuple(batcher.partition_key), batcher.date_bucket_ms * US_PER_MS
-            ),
-            controller=_controller(settings),
-            tick_us=None if batcher.tick_ms is None else batcher.tick_ms * US_PER_MS,
-            max_read_bytes=settings.source.max_read_bytes,
-            event_time=build_event_time(settings, self.clock),
-            window_side_output=settings.event_time.late_to_dead_letter,
             metrics=self.metrics,
+            source=source,
             on_commit=[self.epochs.record],
+            cursor=cursor,
         )
         self.runner = PipelineRunner(
             self.pipeline, poll_interval_ms=settings.source.poll_interval_ms
@@ -305,15 +250,6 @@ class Service:
         return body
 
 
-def _splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
-    """Chunk in the embedder's own tokens when it can count them."""
-    chunking = settings.chunking
-    count = getattr(embedder, "count_tokens", None)
-    if chunking.tokens == "words" or not callable(count):
-        count = count_words
-    return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
-
-
 def _time(ts: int) -> str | None:
     """A watermark or event time for people: None before anything, 'end' after a replay."""
     if ts == MIN_TIMESTAMP:
@@ -321,50 +257,3 @@ def _time(ts: int) -> str | None:
     if ts == MAX_TIMESTAMP:
         return "end"
     return format_timestamp(ts)
-
-
-def _controller(settings: Settings) -> AdaptiveController | None:
-    b = settings.batcher
-    if not b.adaptive:
-        return None
-    low = min(b.min_batch_size, b.max_batch_size)
-    return AdaptiveController(
-        min_size=low,
-        max_size=b.max_batch_size,
-        target_latency_s=b.target_embed_ms / 1000,
-        initial=max(low, min(b.max_batch_size, 16)),
-    )
-
-
-def build_event_time(settings: Settings, clock: Clock) -> EventTimeStage:
-    """The event-time stage from settings: the watermark tracker and the windows."""
-    et = settings.event_time
-    tracker = WatermarkTracker(
-        bound_us=et.max_out_of_orderness_ms * US_PER_MS,
-        idle_timeout_us=None if et.idle_timeout_ms is None else et.idle_timeout_ms * US_PER_MS,
-        clock=clock,
-    )
-    windows = []
-    for w in et.windows:
-        ms = US_PER_MS
-        if w.kind == "session":
-            assert w.gap_ms is not None
-            assigner: Session | Sliding = Session(w.gap_ms * ms)
-        else:
-            assert w.size_ms is not None
-            slide = w.size_ms if w.kind == "tumbling" else w.slide_ms
-            assert slide is not None
-            assigner = Sliding(w.size_ms * ms, slide * ms, w.offset_ms * ms)
-        op = WindowedAggregation(
-            assigner,
-            AGGREGATORS[w.aggregate](),
-            allowed_lateness_us=w.allowed_lateness_ms * ms,
-            accumulation=Accumulation(w.accumulation),
-            early_every_us=None if w.early_every_ms is None else w.early_every_ms * ms,
-            name=w.name,
-        )
-        windows.append(NamedWindow(w.name, op, tuple(w.key), w.value, w.keep_results))
-    tick = settings.batcher.tick_ms
-    return EventTimeStage(
-        tracker, windows, mode=Mode(et.mode), tick_us=None if tick is None else tick * US_PER_MS
-    )

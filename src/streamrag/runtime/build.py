@@ -1,0 +1,172 @@
+"""Settings into parts: the only code that reads :class:`~streamrag.config.Settings` for the job.
+
+Every unit conversion (milliseconds to the microseconds the data path counts
+in, bytes, defaults that depend on other settings) happens here, once; the
+parts themselves take plain values. :func:`build_pipeline` assembles the data
+path of ``../ARCHITECTURE``: source, decoder, event time, splitter, batcher,
+embedder retries, the index, and the pipeline over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
+from streamrag.chunking import TokenSplitter, count_words
+from streamrag.config import Settings
+from streamrag.embed.base import Embedder
+from streamrag.embed.resilient import RetryPolicy
+from streamrag.eventtime import (
+    AGGREGATORS,
+    Accumulation,
+    EventTimeStage,
+    Mode,
+    NamedWindow,
+    Session,
+    Sliding,
+    WatermarkTracker,
+    WindowedAggregation,
+)
+from streamrag.index.base import VectorIndex
+from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.pipeline import CommitHook, Pipeline
+from streamrag.sources.base import Source
+from streamrag.sources.files import JsonlSource
+from streamrag.sources.multi import MultiSource
+from streamrag.timing import US_PER_MS, Clock
+
+__all__ = [
+    "build_batcher",
+    "build_event_time",
+    "build_pipeline",
+    "build_source",
+    "build_splitter",
+]
+
+
+def build_pipeline(
+    settings: Settings,
+    *,
+    embedder: Embedder,
+    index: VectorIndex,
+    clock: Clock,
+    metrics: Metrics,
+    source: Source | None = None,
+    on_commit: Sequence[CommitHook] = (),
+    cursor: Any = None,
+) -> Pipeline:
+    """The job's pipeline, resuming from ``cursor`` (the index's, after a restart)."""
+    ingest, emb = settings.ingest, settings.embedder
+    return Pipeline(
+        source=source or build_source(settings),
+        embedder=embedder,
+        index=index,
+        # Kept across restarts; a record refused again on a replay is stored once.
+        dead_letters=DeadLetterStore(settings.dead_letter_path),
+        clock=clock,
+        batcher=build_batcher(settings, clock),
+        splitter=build_splitter(settings, embedder),
+        decoder=Decoder(
+            default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
+        ),
+        event_time=build_event_time(settings, clock),
+        metrics=metrics,
+        on_commit=on_commit,
+        cursor=cursor,
+        retry=RetryPolicy(
+            attempts=emb.attempts,
+            backoff_s=emb.backoff_ms / 1000,
+            max_backoff_s=emb.max_backoff_ms / 1000,
+            timeout_s=emb.timeout_s,
+        ),
+        max_read_bytes=settings.source.max_read_bytes,
+        commit_interval_ms=settings.batcher.commit_interval_ms,
+        history=settings.index.kind == "lsm" and settings.index.history == "full",
+        window_side_output=settings.event_time.late_to_dead_letter,
+    )
+
+
+def build_source(settings: Settings) -> Source:
+    """The configured files, and the replay folder that dead letters are re-injected into."""
+    cap = settings.ingest.max_document_bytes + 1
+    src = settings.source
+    return MultiSource(
+        [
+            JsonlSource(src.path, glob=src.glob, max_line_bytes=cap),
+            JsonlSource(settings.replay_dir, max_line_bytes=cap),
+        ]
+    )
+
+
+def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:
+    """The micro-batcher: its bounds, partition key, deadline, ticks and controller."""
+    b = settings.batcher
+    return MicroBatcher(
+        max_batch_size=b.max_batch_size,
+        max_delay_ms=b.max_delay_ms,
+        clock=clock,
+        max_batch_tokens=b.max_batch_tokens,
+        max_pending=b.max_pending or 4 * b.max_batch_size,
+        max_pending_bytes=b.max_pending_bytes,
+        partition=PartitionKey(tuple(b.partition_key), b.date_bucket_ms * US_PER_MS),
+        controller=build_controller(settings),
+        tick_us=None if b.tick_ms is None else b.tick_ms * US_PER_MS,
+    )
+
+
+def build_splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
+    """Chunk in the embedder's own tokens when it can count them."""
+    chunking = settings.chunking
+    count = getattr(embedder, "count_tokens", None)
+    if chunking.tokens == "words" or not callable(count):
+        count = count_words
+    return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
+
+
+def build_controller(settings: Settings) -> AdaptiveController | None:
+    b = settings.batcher
+    if not b.adaptive:
+        return None
+    low = min(b.min_batch_size, b.max_batch_size)
+    return AdaptiveController(
+        min_size=low,
+        max_size=b.max_batch_size,
+        target_latency_s=b.target_embed_ms / 1000,
+        initial=max(low, min(b.max_batch_size, 16)),
+    )
+
+
+def build_event_time(settings: Settings, clock: Clock) -> EventTimeStage:
+    """The event-time stage from settings: the watermark tracker and the windows."""
+    et = settings.event_time
+    tracker = WatermarkTracker(
+        bound_us=et.max_out_of_orderness_ms * US_PER_MS,
+        idle_timeout_us=None if et.idle_timeout_ms is None else et.idle_timeout_ms * US_PER_MS,
+        clock=clock,
+    )
+    windows = []
+    for w in et.windows:
+        ms = US_PER_MS
+        if w.kind == "session":
+            assert w.gap_ms is not None
+            assigner: Session | Sliding = Session(w.gap_ms * ms)
+        else:
+            assert w.size_ms is not None
+            slide = w.size_ms if w.kind == "tumbling" else w.slide_ms
+            assert slide is not None
+            assigner = Sliding(w.size_ms * ms, slide * ms, w.offset_ms * ms)
+        op = WindowedAggregation(
+            assigner,
+            AGGREGATORS[w.aggregate](),
+            allowed_lateness_us=w.allowed_lateness_ms * ms,
+            accumulation=Accumulation(w.accumulation),
+            early_every_us=None if w.early_every_ms is None else w.early_every_ms * ms,
+            name=w.name,
+        )
+        windows.append(NamedWindow(w.name, op, tuple(w.key), w.value, w.keep_results))
+    tick = settings.batcher.tick_ms
+    return EventTimeStage(
+        tracker, windows, mode=Mode(et.mode), tick_us=None if tick is None else tick * US_PER_MS
+    )

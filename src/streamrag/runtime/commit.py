@@ -1,0 +1,393 @@
+"""One micro-batch, one commit: how a batch of changes becomes one epoch, exactly once.
+
+A commit is five steps (:meth:`Committer.apply`):
+
+1. **Plan** (:func:`plan`). Which changes the index wants: with history, every
+   version once (a change read twice, or one older than the retained history,
+   is not — :meth:`~streamrag.index.base.VectorIndex.wants`); without, only the
+   newest change per document. For every chunk of those changes: is its vector
+   *reused* (the document's current chunk with the same content hash), *shared*
+   (the same text earlier in this batch) or *embedded*?
+2. **Embed** what is new (:class:`Embedding`), in calls the adaptive controller
+   sizes, with retries, backoff and bisection
+   (:func:`~streamrag.embed.resilient.embed_resilient`).
+3. **Set poison aside**. A text the embedder refuses on its own while others
+   succeed is poison: its document is dead-lettered whole (stage ``embed``)
+   and the rest commit. No epoch ever has a document with a missing vector.
+4. **Build the batch**: documents, chunks, vectors and the cursor
+   (:mod:`streamrag.runtime.cursor`) taken between two polls, with the counts
+   as they will be once this commit is in and the commit's audit record.
+5. **Commit** it: the index writes the batch as one write-ahead-log record,
+   fsynced before the epoch becomes visible.
+
+**Why exactly once.** The documents and the stream position are in one log
+record, so after a crash either both are in or neither is. A restart resumes
+from the last record's cursor and reads again only what that commit had not
+covered. A change read twice is found by its version ``(event_time, offset)``
+and chunk ids derive from the document, so applying it again changes nothing:
+the index ends as if there had been no crash. Dead letters of step 3 are
+written before the commit; a crash in between leaves a letter for a change
+that is still waiting, which is refused again on replay and kept once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.batching import AdaptiveController, PendingBatch
+from streamrag.changes import Op
+from streamrag.chunking import chunk_id
+from streamrag.embed.base import Embedder
+from streamrag.embed.resilient import RetryPolicy, embed_resilient
+from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
+from streamrag.ingest import DeadLetter
+from streamrag.runtime.cursor import Cursor
+from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.stages import Prepared, change_letter
+from streamrag.timing import US_PER_S, Clock
+
+__all__ = ["Committed", "Committer", "Embedding", "Plan", "observe", "plan"]
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one micro-batch commits: documents and chunks, and where each vector comes from.
+
+    ``texts``, ``ids``, ``positions`` and ``hashes`` have one entry per chunk
+    (a *slot*); each slot is in exactly one of ``embed``, ``reuse`` (with the
+    index row whose vector it takes) or ``alias`` (with the earlier slot of
+    the same text).
+    """
+
+    docs: list[DocOp] = field(default_factory=list)
+    doc_rows: list[int] = field(default_factory=list)
+    """The change (row of the batch) behind each document."""
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+    embed: list[int] = field(default_factory=list)
+    reuse: list[int] = field(default_factory=list)
+    reuse_rows: list[int] = field(default_factory=list)
+    alias: list[int] = field(default_factory=list)
+    alias_of: list[int] = field(default_factory=list)
+    stale: int = 0
+    """Changes left out: read twice, beaten, or older than the retained history."""
+    keep: list[int] | None = None
+    """After poison was set aside: the slots kept (None: all)."""
+    _first: dict[bytes, int] = field(default_factory=dict)
+
+    def add_chunks(
+        self, tenant: str, doc_id: str, prep: Prepared, current: Mapping[bytes, int]
+    ) -> int:
+        """Add an upsert's chunks; ``current`` maps the document's current hashes to rows."""
+        first = len(self.texts)
+        for pos, (chunk, h) in enumerate(zip(prep.chunks, prep.hashes, strict=True)):
+            slot = len(self.texts)
+            row = current.get(h)
+            src = self._first.get(h)
+            if row is not None:
+                self.reuse.append(slot)
+                self.reuse_rows.append(row)
+            elif src is not None:
+                self.alias.append(slot)
+                self.alias_of.append(src)
+            else:
+                self.embed.append(slot)
+            if src is None:
+                self._first[h] = slot
+            self.ids.append(chunk_id(tenant, doc_id, pos))
+            self.positions.append(pos)
+            self.texts.append(chunk)
+            self.hashes.append(h)
+        return first
+
+
+def plan(pending: PendingBatch, index: VectorIndex, *, history: bool) -> Plan:
+    """Step 1: the documents and chunks one micro-batch commits (see the module docstring)."""
+    changes = pending.changes
+    times = changes.event_times.tolist()
+    offsets = changes.offsets.tolist()
+    ops = changes.ops.tolist()
+    keys = list(zip(changes.tenants, changes.doc_ids, strict=True))
+    candidates = _candidates(keys, times, offsets, history=history)
+    out = Plan(stale=len(changes) - len(candidates))
+    prepared = pending.prepared or [None] * len(changes)
+    for i in candidates:
+        tenant, doc_id = keys[i]
+        if not index.wants(tenant, doc_id, times[i], offsets[i]):
+            out.stale += 1
+            continue
+        out.doc_rows.append(i)
+        source = changes.sources[i]
+        if ops[i] == Op.DELETE:
+            out.docs.append(DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], source))
+            continue
+        prep = prepared[i]
+        assert prep is not None  # every upsert was chunked before it was queued
+        state = index.doc_state(tenant, doc_id)
+        current = {}
+        if state is not None and not state.deleted:
+            current = dict(zip(state.hashes, state.rows, strict=True))
+        first = out.add_chunks(tenant, doc_id, prep, current)
+        payload = changes.payloads[i]
+        domain = str(payload.get("domain", ""))
+        metadata = payload.get("metadata") or None
+        out.docs.append(
+            DocOp(
+                *(tenant, doc_id, Op.UPSERT, times[i], offsets[i], source),
+                *(domain, first, len(prep.chunks), metadata),
+            )
+        )
+    return out
+
+
+def _candidates(
+    keys: list[tuple[str, str]], times: list[int], offsets: list[int], *, history: bool
+) -> list[int]:
+    """Rows worth asking the index about: each version once, or the newest per document."""
+    if history:
+        seen: set[tuple[tuple[str, str], int, int]] = set()
+        out = []
+        for i, key in enumerate(keys):
+            v = (key, times[i], offsets[i])
+            if v not in seen:
+                seen.add(v)
+                out.append(i)
+        return out
+    winners: dict[tuple[str, str], int] = {}
+    for i, key in enumerate(keys):
+        j = winners.get(key)
+        if j is None or (times[i], offsets[i]) > (times[j], offsets[j]):
+            winners[key] = i
+    return list(winners.values())
+
+
+class Embedding:
+    """Step 2: texts into vectors, in calls the adaptive controller sizes, resiliently."""
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        clock: Clock,
+        metrics: Metrics,
+        retry: RetryPolicy | None = None,
+        controller: AdaptiveController | None = None,
+        queued: Callable[[], int] = lambda: 0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.embedder = embedder
+        self.clock = clock
+        self.metrics = metrics
+        self.retry = retry or RetryPolicy()
+        self.controller = controller
+        self.queued = queued
+        self.sleep = sleep
+        self.rate = 0.0
+        """Texts per second over recent calls (sizes a stopping flush)."""
+        self.retries = 0
+
+    def fill(
+        self, texts: list[str], slots: list[int], vectors: npt.NDArray[np.float32], step: int
+    ) -> dict[int, str]:
+        """Embed the texts at ``slots`` into ``vectors``, ``step`` at a time.
+
+        Returns the slots whose text the embedder refuses on its own, with the
+        reason. Raises :class:`~streamrag.errors.EmbedderError` when it fails for all.
+        """
+        poisoned: dict[int, str] = {}
+        for lo in range(0, len(slots), max(1, step)):
+            part = slots[lo : lo + max(1, step)]
+            # Measured on the injected clock, so a test's synthetic embedder can set it.
+            started = self.clock.now_us()
+            out = embed_resilient(
+                self.embedder, [texts[s] for s in part], self.retry, sleep=self.sleep
+            )
+            vectors[part] = out.vectors
+            for j, reason in out.failed.items():
+                poisoned[part[j]] = reason
+            if out.retries or out.failed:
+                self.retries += out.calls - 1
+                self.metrics.embed_retries.inc(out.calls - 1)
+            took = max(0, self.clock.now_us() - started) / US_PER_S
+            self._observe(len(part), took, steady=not out.failed and out.calls == 1)
+        return poisoned
+
+    def _observe(self, n: int, took: float, *, steady: bool) -> None:
+        self.metrics.embed_seconds.observe(took)
+        if took > 0:
+            rate = n / took
+            self.rate = rate if self.rate == 0 else 0.8 * self.rate + 0.2 * rate
+        if self.controller is not None and steady:
+            action = self.controller.observe(n, took, queued=self.queued())
+            self.metrics.batch_decisions.labels(action=action).inc()
+            self.metrics.batch_target.set(self.controller.target)
+
+
+@dataclass(slots=True)
+class Committed:
+    """A micro-batch once committed: the batch, the index's answer, and the counts it moves."""
+
+    pending: PendingBatch
+    batch: CommitBatch
+    result: CommitResult
+    cursor: Cursor
+    letters: list[DeadLetter]
+    delta: dict[str, int]
+    """Counts to add to the pipeline's: applied, stale, dead-lettered, chunks, commits."""
+
+
+class Committer:
+    """Steps 1–5 of the module docstring for one micro-batch."""
+
+    def __init__(
+        self,
+        index: VectorIndex,
+        embedding: Embedding,
+        *,
+        history: bool,
+        store_letters: Callable[[list[DeadLetter]], None],
+    ) -> None:
+        self.index = index
+        self.embedding = embedding
+        self.history = history
+        self.store_letters = store_letters
+
+    def apply(self, pending: PendingBatch, capture: Callable[[], Cursor], step: int) -> Committed:
+        """Commit one micro-batch; ``capture`` takes the cursor, ``step`` sizes embed calls."""
+        index = self.index
+        retries = self.embedding.retries
+        p = plan(pending, index, history=self.history)
+        vectors = np.empty((len(p.texts), index.dim), dtype=np.float32)
+        poisoned = self.embedding.fill(p.texts, p.embed, vectors, step or len(p.embed))
+        if p.reuse:
+            vectors[p.reuse] = index.vectors_at(p.reuse_rows)
+        if p.alias:
+            vectors[p.alias] = vectors[p.alias_of]
+            for slot, src in zip(p.alias, p.alias_of, strict=True):
+                if src in poisoned:
+                    poisoned[slot] = poisoned[src]
+        letters = _set_poison_aside(p, pending, vectors, poisoned)
+        vectors = vectors[p.keep] if p.keep is not None else vectors
+        embedded = len(p.embed) - sum(1 for s in p.embed if s in poisoned)
+        delta = {
+            "applied": len(pending.changes) - len(letters),
+            "stale": p.stale,
+            "dead_lettered": len(letters),
+            "poison": len(letters),
+            "chunks_embedded": embedded,
+            "chunks_reused": len(p.reuse) + len(p.alias),
+            "commits": 1,
+            "past_versions": past_versions(p.docs, index),
+            "embed_retries": self.embedding.retries - retries,
+        }
+        cursor = capture()
+        for count, value in delta.items():  # the counts once this commit is in, written with it
+            cursor.stats[count] += value
+        cursor.audit = self._audit(p, pending, delta)
+        if letters:
+            self.store_letters(letters)  # before the commit (see "Why exactly once")
+        batch = CommitBatch(
+            docs=p.docs,
+            chunk_ids=np.asarray(p.ids, dtype=np.int64),
+            positions=np.asarray(p.positions, dtype=np.int32),
+            texts=p.texts,
+            hashes=p.hashes,
+            vectors=vectors,
+            embedder_version=self.embedding.embedder.version,
+            cursor=cursor.to_mapping(),
+        )
+        result = index.commit(batch)
+        delta["stale"] += result.stale_docs
+        return Committed(pending, batch, result, cursor, letters, delta)
+
+    def _audit(self, p: Plan, pending: PendingBatch, delta: Mapping[str, int]) -> dict[str, Any]:
+        """The commit's audit record, in the same log record as its documents."""
+        upserts = sum(1 for d in p.docs if d.op == Op.UPSERT)
+        return {
+            "changes": len(pending.changes),
+            "upserts": upserts,
+            "deletes": len(p.docs) - upserts,
+            "stale": p.stale,
+            "dead_lettered": delta["dead_lettered"],
+            "chunks_embedded": delta["chunks_embedded"],
+            "chunks_reused": delta["chunks_reused"],
+            "cut_by": pending.reason,
+            "first_arrival_us": pending.first_arrival_us,
+            "embedder": self.embedding.embedder.version,
+        }
+
+
+def _set_poison_aside(
+    p: Plan, pending: PendingBatch, vectors: npt.NDArray[np.float32], poisoned: Mapping[int, str]
+) -> list[DeadLetter]:
+    """Step 3: drop the documents that own a refused chunk (none is half-written)."""
+    p.keep = None
+    if not poisoned:
+        return []
+    letters: list[DeadLetter] = []
+    docs: list[DocOp] = []
+    keep: list[int] = []
+    for k, d in enumerate(p.docs):
+        rows = range(d.first_chunk, d.first_chunk + d.n_chunks) if d.op == Op.UPSERT else ()
+        bad = [poisoned[r] for r in rows if r in poisoned]
+        if bad:
+            reason = f"the embedder refuses chunk text of this document: {bad[0]}"
+            letters.append(change_letter(pending.changes, p.doc_rows[k], "embed", reason))
+            continue
+        if d.op == Op.UPSERT:
+            d = replace(d, first_chunk=len(keep))
+            keep.extend(rows)
+        docs.append(d)
+    p.docs = docs
+    p.ids = [p.ids[r] for r in keep]
+    p.positions = [p.positions[r] for r in keep]
+    p.texts = [p.texts[r] for r in keep]
+    p.hashes = [p.hashes[r] for r in keep]
+    p.keep = keep
+    return letters
+
+
+def past_versions(docs: Sequence[DocOp], index: VectorIndex) -> int:
+    """How many of a commit's documents will not become current (older than another)."""
+    newest: dict[tuple[str, str], tuple[int, int]] = {}
+    for d in docs:
+        key = (d.tenant, d.doc_id)
+        v = (d.event_time, d.offset)
+        if key not in newest:
+            state = index.doc_state(d.tenant, d.doc_id)
+            newest[key] = v if state is None else max(v, state.version)
+        elif v > newest[key]:
+            newest[key] = v
+    return sum(1 for d in docs if (d.event_time, d.offset) < newest[(d.tenant, d.doc_id)])
+
+
+def observe(
+    metrics: Metrics, done: Committed, index: VectorIndex, *, pending: int, freshness_s: float
+) -> None:
+    """A commit in the metrics: counts, batch size and cut, freshness, index size.
+
+    (Its dead letters were counted when they were stored.)
+    """
+    m, d, batch = metrics, done.delta, done.pending
+    m.batch_chunks.observe(batch.chunks)
+    m.batch_reasons.labels(reason=batch.reason).inc()
+    m.applied.inc(d["applied"])
+    m.stale.inc(d["stale"])
+    m.past_versions.inc(d["past_versions"])
+    m.chunks_embedded.inc(d["chunks_embedded"])
+    m.chunks_reused.inc(d["chunks_reused"])
+    m.commits.inc()
+    m.freshness.observe(freshness_s)
+    m.epoch.set(done.result.epoch)
+    stats = index.stats()
+    m.live_chunks.set(stats.live_chunks)
+    m.live_docs.set(stats.live_docs)
+    m.pending.set(pending)

@@ -1,0 +1,253 @@
+"""The stages of the data path, each with one result shape: what goes on, and what is refused.
+
+A stage takes a batch and returns a :class:`StageResult`: ``out``, what goes on
+to the next stage, and ``letters``, the records it refused, each a
+:class:`~streamrag.ingest.DeadLetter` with its source, offset, stage and
+reason. No stage raises because of one record: whatever a record makes it
+throw, the record becomes a letter and the rest of the batch goes on
+(invariant 4). The pipeline records and counts every letter in one place
+(:class:`LetterSink`).
+
+=============  ==========================  =====================================
+stage          in → out                    refused (stage of the letter)
+=============  ==========================  =====================================
+decode         raw lines → changes         not JSON, not a change (``decode``)
+event time     changes → window output     late (``window-late:W``), no value
+                                           (``window-value:W``), a failure
+                                           (``window-error``) — side outputs:
+                                           the changes are indexed all the same
+chunk          changes → chunked changes   chunking failed (``chunk``)
+embed          chunks → vectors            poison text (``embed``), see
+                                           :mod:`streamrag.runtime.commit`
+=============  ==========================  =====================================
+
+The model is Bytewax's ``WindowOut(down, late)``: the stream that goes on and
+the side output, returned together.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from streamrag.changes import ChangeBatch, Op
+from streamrag.chunking import TokenSplitter, content_hash
+from streamrag.eventtime import EventTimeStage, StageOutput
+from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
+from streamrag.runtime.metrics import Metrics
+from streamrag.sources.base import RawBatch
+from streamrag.timing import Clock
+
+__all__ = [
+    "ChunkStage",
+    "Chunked",
+    "DecodeStage",
+    "EventTimeStep",
+    "LetterSink",
+    "Prepared",
+    "Stage",
+    "StageResult",
+    "change_letter",
+]
+
+In = TypeVar("In", contravariant=True)
+Out = TypeVar("Out")
+T = TypeVar("T")
+
+log = logging.getLogger("streamrag.pipeline")
+
+
+@dataclass(slots=True)
+class StageResult(Generic[T]):
+    """What a stage passes on, and what it refused."""
+
+    out: T
+    letters: list[DeadLetter] = field(default_factory=list)
+
+
+class Stage(Protocol[In, Out]):
+    """One step of the data path: never raises because of a record."""
+
+    name: str
+
+    def __call__(self, batch: In, /) -> StageResult[Out]:
+        """Process ``batch``; refused records come back as letters."""
+        ...
+
+
+class DecodeStage:
+    """Raw lines into changes, schema on read (:class:`~streamrag.ingest.Decoder`)."""
+
+    name = "decode"
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+
+    def __call__(self, raws: list[RawBatch]) -> StageResult[ChangeBatch]:
+        """Decode every line; a line that is not a valid change becomes a letter."""
+        changes, letters = self.decoder.decode(raws)
+        return StageResult(changes, letters)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A change's chunks and their content hashes, made before it is queued."""
+
+    chunks: list[str]
+    hashes: list[bytes]
+    tokens: int
+
+
+@dataclass(slots=True)
+class Chunked:
+    """Changes with the chunks of each upsert (``None`` for a delete)."""
+
+    changes: ChangeBatch
+    prepared: list[Prepared | None]
+
+    @property
+    def chunk_counts(self) -> list[int]:
+        """Chunks per change, as the batcher counts them (a delete counts as one)."""
+        return [len(p.chunks) if p else 1 for p in self.prepared]
+
+
+class ChunkStage:
+    """Each upsert into token-bounded chunks with their content hashes."""
+
+    name = "chunk"
+
+    def __init__(self, splitter: TokenSplitter) -> None:
+        self.splitter = splitter
+
+    def __call__(self, changes: ChangeBatch) -> StageResult[Chunked]:
+        """Chunk every upsert; a change that cannot be chunked becomes a letter."""
+        prepared: list[Prepared | None] = []
+        letters: list[DeadLetter] = []
+        keep: list[int] = []
+        split = self.splitter.split_counted
+        for i, (op, payload) in enumerate(zip(changes.ops.tolist(), changes.payloads, strict=True)):
+            if op == Op.DELETE:
+                prepared.append(None)
+                keep.append(i)
+                continue
+            try:
+                chunks, tokens = split(payload["text"])
+            except Exception as exc:  # a stage error must not stop the stream
+                reason = f"chunking failed: {type(exc).__name__}: {exc}"
+                raw = repr(dict(payload))[:64_000]
+                letters.append(
+                    DeadLetter(changes.sources[i], int(changes.offsets[i]), "chunk", reason, raw)
+                )
+                continue
+            prepared.append(Prepared(chunks, [content_hash(c) for c in chunks], tokens))
+            keep.append(i)
+        if len(keep) < len(changes):
+            changes = changes.take(keep)
+        return StageResult(Chunked(changes, prepared), letters)
+
+
+class EventTimeStep:
+    """The event-time stage as a step: window output on, side outputs as letters.
+
+    Its letters are side outputs, not refusals: the changes behind them go on
+    to the index. A failure of the stage itself becomes a ``window-error``
+    letter for each change (and an empty output), never a lost read.
+    """
+
+    name = "event-time"
+
+    def __init__(self, stage: EventTimeStage) -> None:
+        self.stage = stage
+
+    def __call__(self, changes: ChangeBatch) -> StageResult[StageOutput]:
+        """Window the changes; late ones and those without a value become side outputs."""
+        try:
+            out = self.stage.process(changes)
+        except Exception as exc:
+            log.exception("the event-time stage failed on %d changes", len(changes))
+            reason = (
+                f"the event-time stage failed: {type(exc).__name__}: {exc}; the change was "
+                "applied to the index but not counted in the windows"
+            )
+            letters = [
+                change_letter(changes, i, "window-error", reason) for i in range(len(changes))
+            ]
+            return StageResult(StageOutput([], []), letters)
+        return StageResult(out, self.side_outputs(out, changes))
+
+    @staticmethod
+    def side_outputs(out: StageOutput, changes: ChangeBatch | None) -> list[DeadLetter]:
+        """Letters for the late changes and the changes without a window's value."""
+        if changes is None:
+            return []
+        letters = []
+        for name, el in out.late:
+            reason = (
+                f"late for window {name!r}: event time {el.event_time} µs is behind "
+                f"the watermark {el.watermark} µs beyond the allowed lateness; the "
+                "change was applied to the index but not counted in the window"
+            )
+            letters.append(change_letter(changes, el.index, f"window-late:{name}", reason))
+        for name, row, reason in out.invalid:
+            letters.append(change_letter(changes, row, f"window-value:{name}", reason))
+        return letters
+
+
+class LetterSink:
+    """Where every refused record goes: the dead-letter store, the metrics and the log.
+
+    Counting them in the pipeline's totals is the pipeline's part, under its
+    lock (a record moves from one count to another in one step).
+    """
+
+    def __init__(
+        self,
+        store: DeadLetterStore,
+        metrics: Metrics,
+        clock: Clock,
+        *,
+        side_outputs: bool = True,
+    ) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.side_outputs = side_outputs
+
+    def refused(self, letters: list[DeadLetter]) -> None:
+        """Store, count in the metrics and log records that were not applied."""
+        if not letters:
+            return
+        self.store.add_many(letters, self.clock.now_us())
+        for letter in letters:
+            self.metrics.dead_letters.labels(stage=letter.stage).inc()
+            log.warning(
+                "dead-lettered %s@%d (%s): %s",
+                letter.source,
+                letter.offset,
+                letter.stage,
+                letter.reason,
+            )
+
+    def side_output(self, letters: list[DeadLetter]) -> None:
+        """Keep side outputs of changes that were applied (if configured); no log line each."""
+        if letters and self.side_outputs:
+            self.store.add_many(letters, self.clock.now_us())
+
+    def close(self) -> None:
+        """Close the dead-letter store's file."""
+        self.store.close()
+
+
+def change_letter(changes: ChangeBatch, row: int, stage: str, reason: str) -> DeadLetter:
+    """A dead letter for a decoded change: the change itself, as JSON, is the record."""
+    record = {
+        "tenant": changes.tenants[row],
+        "doc_id": changes.doc_ids[row],
+        "op": "delete" if changes.ops[row] == Op.DELETE else "upsert",
+        "event_time_us": int(changes.event_times[row]),
+        **dict(changes.payloads[row]),
+    }
+    raw = json.dumps(record, ensure_ascii=False, default=str)[:64_000]
+    return DeadLetter(changes.sources[row], int(changes.offsets[row]), stage, reason, raw)
