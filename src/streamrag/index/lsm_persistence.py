@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from streamrag.errors import CorruptStateError, IndexStoreError
 from streamrag.index.ann import (
@@ -30,7 +32,9 @@ from streamrag.index.ann import (
 from streamrag.index.base import (
     merge_cursor,
 )
+from streamrag.index.checkpoint import CheckpointManifest, SegmentEntry
 from streamrag.index.lsm_writer import LsmWriter
+from streamrag.index.manifest import Manifest
 from streamrag.index.segment import NEVER, Segment
 from streamrag.index.store import (
     file_checksum,
@@ -52,6 +56,8 @@ log = logging.getLogger("streamrag.index")
 
 
 __all__ = ["LsmPersistence"]
+
+I64 = npt.NDArray[np.int64]
 
 
 class LsmPersistence(LsmWriter):
@@ -93,110 +99,135 @@ class LsmPersistence(LsmWriter):
                 deletes = list(self._deletes)
                 cursor = self._cursor
                 epoch_high = self._epoch_high[: epoch + 1].copy()
-                meta: dict[str, Any] = {
-                    "epoch": epoch,
-                    "parent": man.parent,
-                    "restored_from": man.restored_from,
-                    "dim": self._dim,
-                    "history": self._spec.history,
-                    "next_rid": self._next_rid,
-                    "next_segment": self._next_seg,
-                    "high": self._high,
-                    "compacted_floor": self._compacted_floor,
-                    "rolled_back": [list(r) for r in self._rolled_back],
-                    "compactions": self._compactions,
-                    "last_compaction_us": self._last_compaction_us,
-                    "committed_at_us": man.stats.committed_at_us,
-                }
+                head = self._manifest_head(man)
                 self._dirty = 0
                 self._needs_checkpoint = False
-            segments = []
             keep = {wal.current.name if wal.current else ""}
-            stamp_rids, stamp_sup, stamp_vt, stamp_dead = [], [], [], []
-            for view in man.views:
-                seg, n = view.segment, view.rows
-                if seg.sealed and n == seg.n:
-                    if seg.file is None:
-                        self._write_segment(seg)
-                    elif seg.ann is not None and seg.ann_file is None:
-                        self._write_ann(seg)
-                    name = seg.file
-                else:
-                    name = f"grow-{seg.id:08d}-{n}.arrow"
-                    if name not in self._sums or not (path / name).exists():
-                        write_rows(path / name, seg.take(np.arange(n)))
-                        self._sums[name] = file_checksum(path / name)
-                assert name is not None
-                keep.add(name)
-                if seg.ann_file:
-                    keep.add(seg.ann_file)
-                segments.append(
-                    {
-                        "id": seg.id,
-                        "rows": n,
-                        "file": name,
-                        "sealed": seg.sealed and n == seg.n,
-                        "ann": seg.ann_file if seg.sealed else None,
-                    }
-                )
-                # Stamps as of the checkpoint's epoch: later ones are in the log.
-                # (A kill always follows its row's first stamp, so sup ≤ dead.)
-                loc = np.flatnonzero(seg.sup[:n] <= epoch)
-                stamp_rids.append(seg.rids[loc])
-                stamp_sup.append(seg.sup[loc])
-                stamp_vt.append(seg.valid_to[loc])
-                dead = seg.dead[loc]
-                stamp_dead.append(np.where(dead <= epoch, dead, NEVER))
+            segments, stamps = self._write_segments(man, keep)
             tables: dict[str, dict[str, Any]] = {
-                "stamps": {
-                    "rid": np.concatenate([np.zeros(0, np.int64), *stamp_rids]),
-                    "sup": np.concatenate([np.zeros(0, np.int64), *stamp_sup]),
-                    "valid_to": np.concatenate([np.zeros(0, np.int64), *stamp_vt]),
-                    "dead": np.concatenate([np.zeros(0, np.int64), *stamp_dead]),
-                },
-                "deletes": {
-                    "tenant": [d[0] for d in deletes],
-                    "doc_id": [d[1] for d in deletes],
-                    "event_time": np.asarray([d[2] for d in deletes], np.int64),
-                    "offset": np.asarray([d[3] for d in deletes], np.int64),
-                    "epoch": np.asarray([d[4] for d in deletes], np.int64),
-                },
+                "stamps": stamps,
+                "deletes": _deletes_table(deletes),
                 "epochs": {"high": epoch_high},
             }
+            files: dict[str, str] = {}
             for name, columns in tables.items():
-                fname = f"{name}-{epoch:012d}.arrow"
-                write_table(path / fname, columns)
-                self._sums[fname] = file_checksum(path / fname)
-                meta[name] = fname
-                keep.add(fname)
+                files[name] = self._write_file(
+                    f"{name}-{epoch:012d}.arrow", keep, write_table, columns
+                )
             if cursor is not None:
                 cname = f"cursor-{epoch:012d}.msgpack"
-                write_cursor(path / cname, cursor)
-                self._sums[cname] = file_checksum(path / cname)
-                meta["cursor"] = cname
-                keep.add(cname)
+                files["cursor"] = self._write_file(cname, keep, write_cursor, cursor)
             # Every file the manifest names, with its size and CRC-32: checked on open.
-            meta["files"] = {n: self._sums[n] for n in sorted(keep) if n in self._sums}
+            sums = {n: self._sums[n] for n in sorted(keep) if n in self._sums}
             self._sums = {n: self._sums[n] for n in keep if n in self._sums}
+            manifest = CheckpointManifest(
+                **head,
+                stamps=files["stamps"],
+                deletes=files["deletes"],
+                epochs=files["epochs"],
+                cursor=files.get("cursor"),
+                files=sums,
+                segments=tuple(segments),
+            )
             mname = f"manifest-{epoch:012d}.json"
-            write_manifest(path / mname, {**meta, "segments": segments})
+            write_manifest(path / mname, manifest.to_body())
             keep.add(mname)
             self._checkpoint_epoch = epoch
-            for p in path.iterdir():
-                if p.name not in keep and not p.name.startswith("wal-"):
-                    with contextlib.suppress(OSError):
-                        p.unlink()
+            self._prune(keep)
             wal.drop_before(wal.current)
         return epoch
 
+    def _manifest_head(self, man: Manifest) -> dict[str, Any]:
+        """The manifest's fields that the writer's state gives (under the writer lock)."""
+        return {
+            "epoch": man.epoch,
+            "parent": man.parent,
+            "restored_from": man.restored_from,
+            "dim": self._dim,
+            "history": self._spec.history,
+            "next_rid": self._next_rid,
+            "next_segment": self._next_seg,
+            "high": self._high,
+            "compacted_floor": self._compacted_floor,
+            "rolled_back": self._rolled_back,
+            "compactions": self._compactions,
+            "last_compaction_us": self._last_compaction_us,
+            "committed_at_us": man.stats.committed_at_us,
+        }
+
+    def _write_segments(
+        self, man: Manifest, keep: set[str]
+    ) -> tuple[list[SegmentEntry], dict[str, I64]]:
+        """Each segment's file (written unless it is already), and the stamps table.
+
+        A sealed segment is written once; a growing one as its rows so far. The
+        stamps are those as of the manifest's epoch: later ones are in the log.
+        (A kill always follows its row's first stamp, so sup ≤ dead.)
+        """
+        assert self._path is not None
+        epoch = man.epoch
+        segments: list[SegmentEntry] = []
+        stamps: dict[str, list[I64]] = {"rid": [], "sup": [], "valid_to": [], "dead": []}
+        for view in man.views:
+            seg, n = view.segment, view.rows
+            sealed = seg.sealed and n == seg.n
+            name = self._segment_file(seg, n, sealed)
+            keep.add(name)
+            if seg.ann_file:
+                keep.add(seg.ann_file)
+            segments.append(
+                SegmentEntry(seg.id, n, name, sealed, seg.ann_file if seg.sealed else None)
+            )
+            loc = np.flatnonzero(seg.sup[:n] <= epoch)
+            stamps["rid"].append(seg.rids[loc])
+            stamps["sup"].append(seg.sup[loc])
+            stamps["valid_to"].append(seg.valid_to[loc])
+            dead = seg.dead[loc]
+            stamps["dead"].append(np.where(dead <= epoch, dead, NEVER))
+        table = {k: np.concatenate([np.zeros(0, np.int64), *v]) for k, v in stamps.items()}
+        return segments, table
+
+    def _segment_file(self, seg: Segment, n: int, sealed: bool) -> str:
+        """The file holding the segment's first ``n`` rows, written if it is not yet."""
+        assert self._path is not None
+        if sealed:
+            if seg.file is None:
+                self._write_segment(seg)
+            elif seg.ann is not None and seg.ann_file is None:
+                self._write_ann(seg)
+            assert seg.file is not None
+            return seg.file
+        name = f"grow-{seg.id:08d}-{n}.arrow"
+        if name not in self._sums or not (self._path / name).exists():
+            write_rows(self._path / name, seg.take(np.arange(n)))
+            self._sums[name] = file_checksum(self._path / name)
+        return name
+
+    def _write_file(
+        self, name: str, keep: set[str], write: Callable[[Path, Any], None], value: Any
+    ) -> str:
+        """Write one file of the checkpoint and note its size and CRC-32; returns its name."""
+        assert self._path is not None
+        write(self._path / name, value)
+        self._sums[name] = file_checksum(self._path / name)
+        keep.add(name)
+        return name
+
+    def _prune(self, keep: set[str]) -> None:
+        """Delete the files no manifest names any more (the log drops its own)."""
+        assert self._path is not None
+        for p in self._path.iterdir():
+            if p.name not in keep and not p.name.startswith("wal-"):
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
     def _open(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        body = None
         for candidate in sorted(path.glob("manifest-*.json"), reverse=True):
-            body = read_manifest(candidate)
+            self._load_checkpoint(
+                path, CheckpointManifest.from_body(read_manifest(candidate), candidate)
+            )
             break
-        if body is not None:
-            self._load_checkpoint(path, body)
         self._wal = WriteAheadLog(path, fsync=self._spec.wal_fsync)
         replayed = 0
         for rec in self._wal.replay(self._manifest.epoch):
@@ -215,17 +246,17 @@ class LsmPersistence(LsmWriter):
         if replayed:
             log.info("index %s: replayed %d commits from the write-ahead log", path, replayed)
 
-    def _load_checkpoint(self, path: Path, body: dict[str, Any]) -> None:
-        if body["dim"] != self._dim:
+    def _load_checkpoint(self, path: Path, body: CheckpointManifest) -> None:
+        if body.dim != self._dim:
             msg = (
-                f"the index in {path} holds {body['dim']}-dimensional vectors but the embedder "
+                f"the index in {path} holds {body.dim}-dimensional vectors but the embedder "
                 f"makes {self._dim}; point state_dir elsewhere or delete {path} to start over"
             )
             raise IndexStoreError(msg)
-        self._next_rid = body["next_rid"]
-        self._next_seg = body["next_segment"]
+        self._next_rid = body.next_rid
+        self._next_seg = body.next_segment
         self._reserve_rids(self._next_rid)
-        sums: dict[str, dict[str, int]] = body.get("files") or {}
+        sums = body.files
 
         def checked(name: str) -> Path:
             """The file, once its size and CRC-32 match the manifest's (raises if not)."""
@@ -234,58 +265,10 @@ class LsmPersistence(LsmWriter):
                 self._sums[name] = sums[name]
             return path / name
 
-        for entry in body["segments"]:
-            rows = read_rows(checked(entry["file"]), self._dim)
-            seg = Segment.from_rows(
-                entry["id"],
-                rows,
-                sealed=entry["sealed"],
-                capacity=0 if entry["sealed"] else self._spec.seal_rows,
-            )
-            if entry["sealed"]:
-                seg.file = entry["file"]
-                if entry.get("ann"):
-                    try:
-                        ann_path = checked(entry["ann"])
-                    except CorruptStateError as exc:
-                        # Rebuilt from the segment's vectors; searched exactly meanwhile.
-                        log.warning("%s; its graph will be built again", exc.args[0])
-                    else:
-                        seg.ann = load_hnsw(str(ann_path), seg.vectors[: seg.n], self._spec.ann)
-                        if seg.ann is None:
-                            self._failed_ann.add(seg.id)
-                        else:
-                            seg.ann_file = entry["ann"]
-            elif self._growing is None or self._growing.id < seg.id:
-                # One growing segment (format 1 had one per day: the others are sealed).
-                if self._growing is not None:
-                    self._growing.seal()
-                self._growing = seg
-            else:
-                seg.seal()
-            self._segments[seg.id] = seg
-            self._rid_seg[rows.rids] = seg.id
-            self._rid_row[rows.rids] = np.arange(seg.n)
-        stamps = read_table(checked(body["stamps"]))
-        rids = stamps["rid"]
-        if rids.size:
-            dead = stamps.get("dead")
-            if dead is None:  # format 1: a row a rollback undid carries sup == created
-                created = np.empty_like(rids)
-                for sid, seg in self._segments.items():
-                    sel = self._rid_seg[rids] == sid
-                    created[sel] = seg.created[self._rid_row[rids[sel]]]
-                dead = np.where(stamps["sup"] == created, created, NEVER)
-            segs = self._rid_seg[rids]
-            local = self._rid_row[rids]
-            for sid in np.unique(segs).tolist():
-                sel = segs == sid
-                seg = self._segments[sid]
-                seg.sup[local[sel]] = stamps["sup"][sel]
-                seg.valid_to[local[sel]] = stamps["valid_to"][sel]
-                seg.dead[local[sel]] = dead[sel]
-                seg.refresh_bounds()
-        deletes = read_table(checked(body["deletes"]))
+        for entry in body.segments:
+            self._load_segment(entry, checked)
+        self._load_stamps(read_table(checked(body.stamps)))
+        deletes = read_table(checked(body.deletes))
         self._deletes = list(
             zip(
                 deletes["tenant"],
@@ -296,18 +279,88 @@ class LsmPersistence(LsmWriter):
                 strict=True,
             )
         )
-        highs = read_table(checked(body["epochs"]))["high"]
+        highs = read_table(checked(body.epochs))["high"]
         self._epoch_high = np.full(max(1024, highs.size * 2), MIN_TIMESTAMP, np.int64)
         self._epoch_high[: highs.size] = highs
-        self._high = body["high"]
-        self._compacted_floor = body["compacted_floor"]
-        self._rolled_back = tuple((int(a), int(b)) for a, b in body["rolled_back"])
-        self._compactions = body["compactions"]
-        self._last_compaction_us = body["last_compaction_us"]
-        self._checkpoint_epoch = body["epoch"]
-        if body.get("cursor"):
-            self._cursor = read_cursor(checked(body["cursor"]))
+        self._high = body.high
+        self._compacted_floor = body.compacted_floor
+        self._rolled_back = tuple((int(a), int(b)) for a, b in body.rolled_back)
+        self._compactions = body.compactions
+        self._last_compaction_us = body.last_compaction_us
+        self._checkpoint_epoch = body.epoch
+        if body.cursor:
+            self._cursor = read_cursor(checked(body.cursor))
         self._rebuild_docs()
         self._manifest = self._make_manifest(
-            body["epoch"], body["parent"], body["committed_at_us"], body["restored_from"]
+            body.epoch, body.parent, body.committed_at_us, body.restored_from
         )
+
+    def _load_segment(self, entry: SegmentEntry, checked: Callable[[str], Path]) -> None:
+        """One segment of the manifest, with its ANN graph when one was saved and is sound."""
+        rows = read_rows(checked(entry.file), self._dim)
+        seg = Segment.from_rows(
+            entry.id,
+            rows,
+            sealed=entry.sealed,
+            capacity=0 if entry.sealed else self._spec.seal_rows,
+        )
+        if entry.sealed:
+            seg.file = entry.file
+            if entry.ann:
+                self._load_ann(seg, entry.ann, checked)
+        elif self._growing is None or self._growing.id < seg.id:
+            # One growing segment (format 1 had one per day: the others are sealed).
+            if self._growing is not None:
+                self._growing.seal()
+            self._growing = seg
+        else:
+            seg.seal()
+        self._segments[seg.id] = seg
+        self._rid_seg[rows.rids] = seg.id
+        self._rid_row[rows.rids] = np.arange(seg.n)
+
+    def _load_ann(self, seg: Segment, name: str, checked: Callable[[str], Path]) -> None:
+        try:
+            ann_path = checked(name)
+        except CorruptStateError as exc:
+            # Rebuilt from the segment's vectors; searched exactly meanwhile.
+            log.warning("%s; its graph will be built again", exc.args[0])
+            return
+        seg.ann = load_hnsw(str(ann_path), seg.vectors[: seg.n], self._spec.ann)
+        if seg.ann is None:
+            self._failed_ann.add(seg.id)
+        else:
+            seg.ann_file = name
+
+    def _load_stamps(self, stamps: dict[str, I64]) -> None:
+        """Put the checkpoint's stamps back on the rows they belong to."""
+        rids = stamps["rid"]
+        if not rids.size:
+            return
+        dead = stamps.get("dead")
+        if dead is None:  # format 1: a row a rollback undid carries sup == created
+            created = np.empty_like(rids)
+            for sid, seg in self._segments.items():
+                sel = self._rid_seg[rids] == sid
+                created[sel] = seg.created[self._rid_row[rids[sel]]]
+            dead = np.where(stamps["sup"] == created, created, NEVER)
+        segs = self._rid_seg[rids]
+        local = self._rid_row[rids]
+        for sid in np.unique(segs).tolist():
+            sel = segs == sid
+            seg = self._segments[sid]
+            seg.sup[local[sel]] = stamps["sup"][sel]
+            seg.valid_to[local[sel]] = stamps["valid_to"][sel]
+            seg.dead[local[sel]] = dead[sel]
+            seg.refresh_bounds()
+
+
+def _deletes_table(deletes: list[tuple[str, str, int, int, int]]) -> dict[str, Any]:
+    """The delete log as the columns of its Arrow file."""
+    return {
+        "tenant": [d[0] for d in deletes],
+        "doc_id": [d[1] for d in deletes],
+        "event_time": np.asarray([d[2] for d in deletes], np.int64),
+        "offset": np.asarray([d[3] for d in deletes], np.int64),
+        "epoch": np.asarray([d[4] for d in deletes], np.int64),
+    }

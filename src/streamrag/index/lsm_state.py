@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -272,47 +273,7 @@ class LsmState:
         cut into versions; the deletes are merged in. Each document's newest
         version is its current one.
         """
-        keys: list[Key] = []
-        cols: list[tuple[npt.NDArray[Any], ...]] = []
-        hashes: list[bytes] = []
-        for seg in self._segments.values():
-            n = seg.n
-            rows = np.flatnonzero(seg.dead[:n] == NEVER) if seg.killed else np.arange(n)
-            if not rows.size:
-                continue
-            tenants, doc_ids, seg_hashes = seg.tenants, seg.doc_ids, seg.hashes
-            rl = rows.tolist()
-            keys.extend([(tenants[i], doc_ids[i]) for i in rl])
-            hashes.extend([seg_hashes[i] for i in rl])
-            cols.append(
-                (seg.positions[rows], seg.rids[rows], seg.valid_from[rows], seg.offsets[rows])
-            )
-        found: dict[Key, list[DocState]] = {}
-        total = len(keys)
-        if total:
-            codes_of: dict[Key, int] = {}
-            codes = np.fromiter(
-                (codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, total
-            )
-            positions, rids, valid_from, offsets = (
-                np.concatenate([c[f] for c in cols]) for f in range(4)
-            )
-            order = np.lexsort((positions, offsets, valid_from, codes))
-            c, t, o = codes[order], valid_from[order], offsets[order]
-            cut = np.r_[True, (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (o[1:] != o[:-1])]
-            starts = np.flatnonzero(cut)
-            ends = np.r_[starts[1:], total].tolist()
-            firsts = order[starts]
-            first_t = valid_from[firsts].tolist()
-            first_o = offsets[firsts].tolist()
-            rid_list = rids[order].tolist()
-            hash_list = [hashes[i] for i in order.tolist()]
-            for g, (lo, hi) in enumerate(zip(starts.tolist(), ends, strict=True)):
-                key = keys[int(firsts[g])]
-                state = DocState((first_t[g], first_o[g]), False, rid_list[lo:hi], hash_list[lo:hi])
-                found.setdefault(key, []).append(state)
-        for tenant, doc_id, t_del, off, _ in self._deletes:
-            found.setdefault((tenant, doc_id), []).append(DocState((t_del, off), deleted=True))
+        found = _versions_of_rows(self._segments.values(), self._deletes)
         versions = Versions()
         floor = self._floor()
         live = chunks = 0
@@ -330,3 +291,55 @@ class LsmState:
         self._live_docs = live
         self._deleted_docs = len(versions) - live
         self._live_chunks = chunks
+
+
+def _versions_of_rows(
+    segments: Iterable[Segment], deletes: Sequence[tuple[str, str, int, int, int]]
+) -> dict[Key, list[DocState]]:
+    """Every document's versions (unsorted): rows cut into versions, plus the deletes."""
+    keys: list[Key] = []
+    cols: list[tuple[npt.NDArray[Any], ...]] = []
+    hashes: list[bytes] = []
+    for seg in segments:
+        n = seg.n
+        rows = np.flatnonzero(seg.dead[:n] == NEVER) if seg.killed else np.arange(n)
+        if not rows.size:
+            continue
+        tenants, doc_ids, seg_hashes = seg.tenants, seg.doc_ids, seg.hashes
+        rl = rows.tolist()
+        keys.extend([(tenants[i], doc_ids[i]) for i in rl])
+        hashes.extend([seg_hashes[i] for i in rl])
+        cols.append((seg.positions[rows], seg.rids[rows], seg.valid_from[rows], seg.offsets[rows]))
+    found: dict[Key, list[DocState]] = {}
+    if keys:
+        _cut_versions(keys, cols, hashes, found)
+    for tenant, doc_id, t_del, off, _ in deletes:
+        found.setdefault((tenant, doc_id), []).append(DocState((t_del, off), deleted=True))
+    return found
+
+
+def _cut_versions(
+    keys: list[Key],
+    cols: list[tuple[npt.NDArray[Any], ...]],
+    hashes: list[bytes],
+    found: dict[Key, list[DocState]],
+) -> None:
+    """Sort the gathered rows by document, version and position, and cut them into versions."""
+    total = len(keys)
+    codes_of: dict[Key, int] = {}
+    codes = np.fromiter((codes_of.setdefault(k, len(codes_of)) for k in keys), np.int64, total)
+    positions, rids, valid_from, offsets = (np.concatenate([c[f] for c in cols]) for f in range(4))
+    order = np.lexsort((positions, offsets, valid_from, codes))
+    c, t, o = codes[order], valid_from[order], offsets[order]
+    cut = np.r_[True, (c[1:] != c[:-1]) | (t[1:] != t[:-1]) | (o[1:] != o[:-1])]
+    starts = np.flatnonzero(cut)
+    ends = np.r_[starts[1:], total].tolist()
+    firsts = order[starts]
+    first_t = valid_from[firsts].tolist()
+    first_o = offsets[firsts].tolist()
+    rid_list = rids[order].tolist()
+    hash_list = [hashes[i] for i in order.tolist()]
+    for g, (lo, hi) in enumerate(zip(starts.tolist(), ends, strict=True)):
+        key = keys[int(firsts[g])]
+        state = DocState((first_t[g], first_o[g]), False, rid_list[lo:hi], hash_list[lo:hi])
+        found.setdefault(key, []).append(state)

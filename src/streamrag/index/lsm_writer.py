@@ -17,6 +17,8 @@ land entirely before the history floor is not stored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -25,16 +27,39 @@ from streamrag.errors import IndexStoreError
 from streamrag.index.base import (
     CommitBatch,
     CommitResult,
+    DocOp,
     DocState,
     merge_cursor,
 )
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.pending import PendingRows
 from streamrag.index.segment import NEVER, Rows
-from streamrag.index.versions import Key
+from streamrag.index.versions import Key, Version, is_newer
 from streamrag.timing import MIN_TIMESTAMP, Timestamp
 
 __all__ = ["LsmWriter"]
+
+
+def _version_order(docs: Sequence[DocOp], history: bool) -> list[int]:
+    """The batch's changes per document in version order (only the newest without history).
+
+    Of two changes with the same version, the later in the batch comes last (and
+    is the one kept without history).
+    """
+    order = sorted(
+        range(len(docs)),
+        key=lambda i: (docs[i].tenant, docs[i].doc_id, docs[i].event_time, docs[i].offset),
+    )
+    if history:
+        return order
+    # Only the newest change per document: the last of its run in version order.
+    return [
+        i
+        for j, i in enumerate(order)
+        if j + 1 == len(order)
+        or (docs[order[j + 1]].tenant, docs[order[j + 1]].doc_id)
+        != (docs[i].tenant, docs[i].doc_id)
+    ]
 
 
 class LsmWriter(LsmState):
@@ -76,67 +101,28 @@ class LsmWriter(LsmState):
         versions = self._versions
         history = self._spec.history
         floor = self._floor()
-        order = sorted(
-            range(len(docs)),
-            key=lambda i: (docs[i].tenant, docs[i].doc_id, docs[i].event_time, docs[i].offset),
-        )
-        if not history:
-            # Only the newest change per document: the last of its run in version order.
-            order = [
-                i
-                for j, i in enumerate(order)
-                if j + 1 == len(order)
-                or (docs[order[j + 1]].tenant, docs[order[j + 1]].doc_id)
-                != (docs[i].tenant, docs[i].doc_id)
-            ]
+        order = _version_order(docs, history)
         stale = len(docs) - len(order)
         filed = 0  # changes kept as versions
         current: set[Key] = set()  # documents whose current version this commit changed
         pending = PendingRows(batch, epoch, self._next_rid)
-        hashes = batch.hashes
-        delete = Op.DELETE
         high = self._high
         for i in order:
             d = docs[i]
             key = (d.tenant, d.doc_id)
             version = (d.event_time, d.offset)
-            before: DocState | None
-            after: DocState | None
-            if history:
-                before, after, held = versions.neighbours(key, version)
-            else:
-                before, after = versions.current(key), None
-                held = before is not None and before.version >= version
+            before, after, held = self._neighbours(key, version)
             if held or (after is not None and after.version[0] <= floor):
                 stale += 1  # held already, or no readable version could show it
                 continue
             if before is not None and before.rows:
                 self._end(before, d.event_time, pending)
-            n = d.n_chunks
-            end = NEVER if after is None else after.version[0]
-            if d.op == delete or n == 0:
-                state = DocState(version, deleted=True)
-                self._deletes.append((d.tenant, d.doc_id, d.event_time, d.offset, epoch))
-            else:
-                first = d.first_chunk
-                state = DocState(
-                    version, False, pending.add_version(d, end), hashes[first : first + n]
-                )
+            state = self._new_version(batch, i, after, pending)
             filed += 1
             if after is None:
                 current.add(key)
                 high = max(high, d.event_time)
-                if before is not None:  # the version that was current until now
-                    if before.deleted:
-                        self._deleted_docs -= 1
-                    else:
-                        self._live_docs -= 1
-                        self._live_chunks -= len(before.rows)
-                if state.deleted:
-                    self._deleted_docs += 1
-                else:
-                    self._live_docs += 1
-                    self._live_chunks += n
+                self._count_current(before, state)
             versions.add(key, state)
             if history and floor != MIN_TIMESTAMP:
                 versions.forget_before(key, floor)
@@ -151,6 +137,53 @@ class LsmWriter(LsmState):
         # One change per document ends up current; the others are its past, including
         # those that were current for a moment of this same commit.
         return CommitResult(epoch, len(current), stale, added, filed - len(current))
+
+    def _neighbours(
+        self, key: Key, version: Version
+    ) -> tuple[DocState | None, DocState | None, bool]:
+        """The versions before and after ``version``, and whether it is held already.
+
+        Without history only the current version counts: it is the one before
+        a newer change, and a change not newer than it is held.
+        """
+        if self._spec.history:
+            return self._versions.neighbours(key, version)
+        before = self._versions.current(key)
+        return before, None, before is not None and not is_newer(version, before.version)
+
+    def _new_version(
+        self, batch: CommitBatch, i: int, after: DocState | None, pending: PendingRows
+    ) -> DocState:
+        """The version the batch's ``i``-th change makes: a tombstone, or its new rows.
+
+        Its rows end where the version ``after`` it begins (never, for a new
+        current version).
+        """
+        d = batch.docs[i]
+        version = (d.event_time, d.offset)
+        n = d.n_chunks
+        if d.op == Op.DELETE or n == 0:
+            self._deletes.append((d.tenant, d.doc_id, d.event_time, d.offset, pending.epoch))
+            return DocState(version, deleted=True)
+        end = NEVER if after is None else after.version[0]
+        first = d.first_chunk
+        return DocState(
+            version, False, pending.add_version(d, end), batch.hashes[first : first + n]
+        )
+
+    def _count_current(self, before: DocState | None, state: DocState) -> None:
+        """Keep the live and deleted counts as ``state`` replaces ``before`` as current."""
+        if before is not None:  # the version that was current until now
+            if before.deleted:
+                self._deleted_docs -= 1
+            else:
+                self._live_docs -= 1
+                self._live_chunks -= len(before.rows)
+        if state.deleted:
+            self._deleted_docs += 1
+        else:
+            self._live_docs += 1
+            self._live_chunks += len(state.rows)
 
     def _end(self, state: DocState, valid_to: Timestamp, pending: PendingRows) -> None:
         """Give a version an end in valid time from this commit on (its interval is split).
