@@ -235,7 +235,7 @@ def test_offsets_only_move_forward(tmp_path: Path) -> None:
     job = Job(tmp_path / "state", data, ManualClock(T0 * 10**6))
     job.pipeline.run_until_caught_up(final=False)
     # Pretend an earlier commit had read further than the source now says.
-    job.pipeline._positions[str(data)] = data.stat().st_size + 100
+    job.pipeline.keeper.positions[str(data)] = data.stat().st_size + 100
     _write(data, [*lines, change_line("d9", T0 + 9, "more")])
     job.pipeline.poll()
     with pytest.raises(StreamragError, match="moved back"):

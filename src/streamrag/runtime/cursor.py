@@ -35,17 +35,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from streamrag.batching import MicroBatcher
 from streamrag.errors import SourceError, StreamragError
-from streamrag.sources.base import RawBatch
+from streamrag.eventtime import EventTimeStage
+from streamrag.sources.base import RawBatch, SourceReader
 
-__all__ = ["CURSOR_FORMAT", "Cursor", "PollGate", "Rewind", "Sifted", "check_forward"]
+__all__ = [
+    "CURSOR_FORMAT",
+    "Cursor",
+    "CursorKeeper",
+    "PollGate",
+    "Rewind",
+    "Sifted",
+    "check_forward",
+]
 
 CURSOR_FORMAT = 1
 """Version of the cursor layout written with each commit."""
@@ -273,3 +283,65 @@ class PollGate:
             with self._cond:
                 self._capturing = False
                 self._cond.notify_all()
+
+
+class CursorKeeper:
+    """The pipeline's side of the cursor: restore from the last commit, capture the next.
+
+    It remembers the read positions and window versions of the last commit, so
+    a capture checks that offsets moved forward and writes only the windows
+    whose state changed since.
+    """
+
+    def __init__(self, cursor: Cursor | None, resume: Mapping[str, int] | None) -> None:
+        self.cursor = cursor
+        self.rewind = Rewind(cursor)
+        self.gate = PollGate()
+        self.resume = self.rewind.resume if cursor is not None else dict(resume or {})
+        self.positions: dict[str, int] = dict(self.resume if cursor is None else cursor.positions)
+        self._versions: dict[str, int] = {}
+        self._captured: dict[str, int] = {}
+
+    def restore(self, event_time: EventTimeStage) -> None:
+        """Watermarks and windows as they were at the committed cursor."""
+        c = self.cursor
+        if c is None:
+            return
+        windows = {w.name: c.windows[w.name] for w in event_time.windows if w.name in c.windows}
+        event_time.restore({"watermarks": c.watermarks, "late": c.late, "windows": windows})
+        self._versions = dict(event_time.versions)
+
+    def capture(
+        self,
+        reader: SourceReader,
+        batcher: MicroBatcher,
+        event_time: EventTimeStage,
+        stats: Callable[[], dict[str, Any]],
+    ) -> Cursor:
+        """The cursor for the commit being made, taken between two polls."""
+        with self.gate.capturing():
+            positions = reader.snapshot()
+            check_forward(self.positions, positions, self.rewind)
+            waiting = batcher.positions()  # the batch being committed has left it
+            self.rewind.positions(positions, waiting)
+            versions = dict(event_time.versions)
+            changed = {
+                w.name: w.operator.snapshot()
+                for w in event_time.windows
+                if versions[w.name] != self._versions.get(w.name)
+            }
+            counts = stats()
+        self._captured = versions
+        return Cursor(
+            positions=positions,
+            pending=waiting,
+            watermarks=event_time.tracker.snapshot(),
+            late=dict(event_time.late_counts),
+            stats=counts,
+            windows=changed,
+        )
+
+    def committed(self, cursor: Cursor) -> None:
+        """The captured cursor is in the index: the next capture starts from it."""
+        self._versions = self._captured
+        self.positions = cursor.positions
