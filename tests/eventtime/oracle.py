@@ -12,7 +12,12 @@ Semantics (see streamrag.eventtime.operator):
   end - 1 + lateness > W; an element for a live window already behind W
   re-fires it (LATE) at the end of its batch; an element with no live window is late;
 - sessions open [ts, ts + gap) and merge with every session they overlap or touch,
-  before the lateness check.
+  before the lateness check;
+- the global window is [MIN, MAX): every element of a key is in it, and only the
+  end of input (W = MAX) reaches its end and expires it;
+- with a count trigger n, a window whose end W has not reached fires EARLY as soon
+  as it holds n elements added since its last firing (any firing resets the count;
+  merged sessions add their counts up).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MIN = -(2**63)
+MAX = 2**63 - 1
 
 
 @dataclass
@@ -33,17 +39,19 @@ class Win:
     pending: list[Any] = field(default_factory=list)  # not yet emitted (discarding mode)
     fired: bool = False
     panes: int = 0
+    since: int = 0  # elements added since the last firing
 
 
 @dataclass
 class Oracle:
-    kind: str  # "sliding" (tumbling = size == slide) or "session"
+    kind: str  # "sliding" (tumbling = size == slide), "session" or "global"
     size: int = 0
     slide: int = 0
     offset: int = 0
     gap: int = 0
     lateness: int = 0
     discarding: bool = False
+    count: int | None = None
     agg: Callable[[list[Any]], Any] = len
     wm: int = MIN
     wins: list[Win] = field(default_factory=list)
@@ -51,6 +59,8 @@ class Oracle:
     # results are tuples (key, start, end, value, timing, pane)
 
     def _windows_for(self, ts: int) -> list[tuple[int, int]]:
+        if self.kind == "global":
+            return [(MIN, MAX)]
         out = []
         # brute force: every k whose window could contain ts
         k_hi = (ts - self.offset) // self.slide
@@ -61,7 +71,7 @@ class Oracle:
         return out
 
     def _expired(self, end: int) -> bool:
-        return end - 1 + self.lateness <= self.wm
+        return min(end - 1 + self.lateness, MAX) <= self.wm
 
     def _find(self, key: Hashable, start: int, end: int) -> Win | None:
         for w in self.wins:
@@ -75,6 +85,7 @@ class Oracle:
             return None
         out = (w.key, w.start, w.end, self.agg(list(items)), timing, w.panes)
         w.panes += 1
+        w.since = 0
         w.pending = []
         if self.discarding:
             w.elems = []
@@ -85,6 +96,7 @@ class Oracle:
     ) -> tuple[list[tuple[Any, ...]], list[tuple[Hashable, int, Any]]]:
         touched: list[Win] = []
         late = []
+        early = []
         for key, ts, value in events:
             if self.kind == "session":
                 own = (ts, ts + self.gap)
@@ -107,9 +119,11 @@ class Oracle:
                     merged.elems += w.elems
                     merged.pending += w.pending
                     merged.panes = max(merged.panes, w.panes)
+                    merged.since += w.since
                 merged.elems.append(value)
                 merged.pending.append(value)
                 self.wins.append(merged)
+                early += self._count(merged)
                 touched = [t for t in touched if t not in partners]
                 touched.append(merged)
                 continue
@@ -124,11 +138,12 @@ class Oracle:
                     self.wins.append(w)
                 w.elems.append(value)
                 w.pending.append(value)
+                early += self._count(w)
                 if w not in touched:
                     touched.append(w)
             if not accepted:
                 late.append((key, ts, value))
-        out = []
+        out = early
         for w in touched:
             if w in self.wins and w.end - 1 <= self.wm and w.pending:
                 w.fired = True
@@ -136,6 +151,14 @@ class Oracle:
                 if r:
                     out.append(r)
         return sorted(out, key=_order), late
+
+    def _count(self, w: Win) -> list[tuple[Any, ...]]:
+        """Count one more element into ``w``; its EARLY firing if the count is reached."""
+        w.since += 1
+        if self.count is None or w.since < self.count or w.end - 1 <= self.wm:
+            return []
+        r = self._fire(w, "early")
+        return [r] if r else []
 
     def advance(self, wm: int) -> list[tuple[Any, ...]]:
         if wm <= self.wm:

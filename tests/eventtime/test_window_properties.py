@@ -12,8 +12,10 @@ from streamrag.eventtime import (
     Accumulation,
     Collect,
     Count,
+    Global,
     Session,
     Sliding,
+    Trigger,
     WindowedAggregation,
 )
 from streamrag.eventtime.windows import WindowAssigner
@@ -25,7 +27,9 @@ KEYS = st.sampled_from(["a", "b", "c"])
 
 @st.composite
 def assigners(draw: st.DrawFn) -> tuple[WindowAssigner, Oracle]:
-    kind = draw(st.sampled_from(["tumbling", "sliding", "session"]))
+    kind = draw(st.sampled_from(["tumbling", "sliding", "session", "global"]))
+    if kind == "global":
+        return Global(), Oracle("global")
     if kind == "session":
         gap = draw(st.integers(1, 30))
         return Session(gap), Oracle("session", gap=gap)
@@ -39,6 +43,8 @@ def assigners(draw: st.DrawFn) -> tuple[WindowAssigner, Oracle]:
     spec=assigners(),
     lateness=st.integers(0, 30),
     discarding=st.booleans(),
+    count=st.none() | st.integers(1, 4),
+    purge=st.booleans(),
     collect=st.booleans(),
     bound=st.integers(0, 20),
     events=st.lists(st.tuples(KEYS, st.integers(-60, 200)), max_size=60),
@@ -50,6 +56,8 @@ def test_operator_matches_oracle(
     spec: tuple[WindowAssigner, Oracle],
     lateness: int,
     discarding: bool,
+    count: int | None,
+    purge: bool,
     collect: bool,
     bound: int,
     events: list[tuple[str, int]],
@@ -62,8 +70,10 @@ def test_operator_matches_oracle(
         Collect() if collect else Count(),
         allowed_lateness_us=lateness,
         accumulation=Accumulation.DISCARDING if discarding else Accumulation.ACCUMULATING,
+        trigger=Trigger(count=count, purge=purge),
     )
-    oracle.lateness, oracle.discarding = lateness, discarding
+    # A purging trigger is discarding accumulation.
+    oracle.lateness, oracle.discarding, oracle.count = lateness, discarding or purge, count
     oracle.agg = list if collect else len
     bounds = [0, *sorted({c for c in cuts if c < len(events)}), len(events)]
     if per_event:

@@ -201,8 +201,13 @@ class WindowedAggregation:
         return self._open if cols is None else cols.open
 
     def expired(self, window: Window) -> bool:
-        """Whether a window's state is gone: ``end - 1 + allowed_lateness <= W``."""
-        return window.max_timestamp + self.allowed_lateness_us <= self._watermark
+        """Whether a window's state is gone: ``end - 1 + allowed_lateness <= W``.
+
+        The end of input (``W = MAX_TIMESTAMP``) expires every window, the global
+        one included, whatever its allowed lateness.
+        """
+        wm = self._watermark
+        return window.max_timestamp + self.allowed_lateness_us <= wm or wm == MAX_TIMESTAMP
 
     # -- input -----------------------------------------------------------------
 
@@ -454,6 +459,8 @@ class WindowedAggregation:
         else:
             bucket.append(entry)
         at += self.allowed_lateness_us
+        if at > MAX_TIMESTAMP:  # the global window: the end of input expires it
+            at = MAX_TIMESTAMP
         bucket = self._expire_at.get(at)
         if bucket is None:
             self._expire_at[at] = [entry]
