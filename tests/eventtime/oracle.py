@@ -13,8 +13,8 @@ Semantics (see streamrag.eventtime.operator):
   re-fires it (LATE) at the end of its batch; an element with no live window is late;
 - sessions open [ts, ts + gap) and merge with every session they overlap or touch,
   before the lateness check;
-- the global window is [MIN, MAX): every element of a key is in it, and only the
-  end of input (W = MAX) reaches its end and expires it;
+- the global window spans years 1 to 9999 (GLOBAL): every element of a key is in
+  it, and the end of input (W = MAX) fires it and expires it;
 - with a count trigger n, a window whose end W has not reached fires EARLY as soon
   as it holds n elements added since its last firing (any firing resets the count;
   merged sessions add their counts up).
@@ -24,10 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 MIN = -(2**63)
 MAX = 2**63 - 1
+GLOBAL = (
+    int(datetime(1, 1, 1, tzinfo=UTC).timestamp()) * 10**6,
+    int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()) * 10**6 + 999_999,
+)
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Oracle:
 
     def _windows_for(self, ts: int) -> list[tuple[int, int]]:
         if self.kind == "global":
-            return [(MIN, MAX)]
+            return [GLOBAL]
         out = []
         # brute force: every k whose window could contain ts
         k_hi = (ts - self.offset) // self.slide

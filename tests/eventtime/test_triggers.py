@@ -9,6 +9,7 @@ import pytest
 
 from streamrag.errors import SpecError
 from streamrag.eventtime import (
+    GLOBAL_WINDOW,
     Accumulation,
     Collect,
     Count,
@@ -19,10 +20,10 @@ from streamrag.eventtime import (
     Tumbling,
     WindowedAggregation,
 )
-from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP
+from streamrag.timing import format_timestamp
 from tests.eventtime.oracle import as_tuples
 
-G = (MIN_TIMESTAMP, MAX_TIMESTAMP)  # the global window's span
+G = tuple(GLOBAL_WINDOW)  # the global window's span
 
 
 def _batch(op: WindowedAggregation, *elements: tuple[str, int, Any]) -> list[tuple[Any, ...]]:
@@ -41,7 +42,10 @@ def test_the_specs_read_as_flink_and_beam_name_them() -> None:
     assert Trigger.of_count(3).kind == "count"
     assert Trigger.every_update().kind == "every_update"
     assert Trigger().kind == "watermark"
-    assert Global().assign(-5) == Global().assign(10**18) == [G]
+    assert Global().assign(-5) == Global().assign(10**17) == [GLOBAL_WINDOW]
+    # Results show windows as ISO-8601 times: the global window has dates.
+    assert format_timestamp(GLOBAL_WINDOW.start) == "1-01-01T00:00:00Z"
+    assert format_timestamp(GLOBAL_WINDOW.end) == "9999-12-31T23:59:59.999999Z"
     with pytest.raises(SpecError, match="count must be a positive"):
         Trigger.of_count(0)
 
@@ -87,7 +91,7 @@ def test_global_window_with_a_count_trigger_accumulates_and_fires_on_time_at_the
     assert _batch(op, ("a", 10**15, 1.0), ("a", -(10**15), 2.0), ("a", 5, 3.0)) == [
         ("a", *G, 3.0, "early", 0)
     ]
-    assert op.advance(10**18) == []  # never closes by time
+    assert op.advance(10**17) == []  # in the year 5138, still open
     assert _batch(op, ("a", 7, 4.0)) == [("a", *G, 10.0, "early", 1)]
     assert as_tuples(op.finish()) == [("a", *G, 10.0, "on_time", 2)]
 

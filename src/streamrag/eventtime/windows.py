@@ -11,8 +11,9 @@ and the global window:
 * **session** ``gap``: each element opens ``[ts, ts + gap)``; windows of the same
   key that overlap *or touch* merge, so two elements exactly ``gap`` apart share a
   session.
-* **global**: one window per key, ``[MIN, MAX)``, that never closes by time: the
-  watermark reaches its end only at the end of a bounded input. It is used with
+* **global**: one window per key that never closes by time: it spans every
+  calendar time (years 1 to 9999), and in practice the watermark reaches its end
+  only at the end of a bounded input. It is used with
   a count trigger (:mod:`.triggers`), as Flink's and Beam's ``GlobalWindows``.
 
 Window starts are ``offset + k * slide`` for whole ``k``, negative included, so
@@ -39,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import ConfigError
-from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, Timestamp
+from streamrag.timing import Duration, Timestamp
 
 __all__ = ["GLOBAL_WINDOW", "Global", "Session", "Sliding", "Tumbling", "Window", "WindowAssigner"]
 
@@ -158,8 +159,14 @@ class Session:
         return [Window(ts, ts + self.gap_us)]
 
 
-GLOBAL_WINDOW = Window(MIN_TIMESTAMP, MAX_TIMESTAMP)
-"""The one window of :class:`Global`: all of event time."""
+GLOBAL_WINDOW = Window(-62_135_596_800_000_000, 253_402_300_799_999_999)
+"""The one window of :class:`Global`: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z.
+
+Its bounds are the widest that ISO-8601 results can show (``MIN_TIMESTAMP`` and
+``MAX_TIMESTAMP`` have no calendar date), as Beam's global window ends a day
+before its maximum timestamp, so that the end of input (``W = MAX_TIMESTAMP``)
+passes it. Every element of a key belongs to it, whatever its time.
+"""
 
 
 @dataclass(frozen=True, slots=True)
