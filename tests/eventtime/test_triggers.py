@@ -157,3 +157,13 @@ def test_the_default_trigger_keeps_the_columnar_path_and_its_checkpoint_rows() -
     assert op._vectorized
     _batch(op, ("a", 1, None))
     assert [len(row) for row in op.snapshot()["windows"]] == [8]
+
+
+def test_the_end_of_input_expires_every_window_whatever_its_lateness() -> None:
+    for window in (Global(), Session(5)):
+        op = WindowedAggregation(window, Collect(), allowed_lateness_us=2**63 - 1)
+        _batch(op, ("a", 1, None))
+        assert op.open_windows == 1
+        assert len(op.finish()) == 1
+        assert op.open_windows == 0
+        assert op.process(["a"], [2])[1][0].event_time == 2  # after the end: side output

@@ -203,8 +203,8 @@ class WindowedAggregation:
     def expired(self, window: Window) -> bool:
         """Whether a window's state is gone: ``end - 1 + allowed_lateness <= W``.
 
-        The end of input (``W = MAX_TIMESTAMP``) expires every window, the global
-        one included, whatever its allowed lateness.
+        The end of input (``W = MAX_TIMESTAMP``) expires every window, whatever
+        its allowed lateness.
         """
         wm = self._watermark
         return window.max_timestamp + self.allowed_lateness_us <= wm or wm == MAX_TIMESTAMP
@@ -459,7 +459,7 @@ class WindowedAggregation:
         else:
             bucket.append(entry)
         at += self.allowed_lateness_us
-        if at > MAX_TIMESTAMP:  # the global window: the end of input expires it
+        if at > MAX_TIMESTAMP:  # lateness past the end of time: the end of input expires it
             at = MAX_TIMESTAMP
         bucket = self._expire_at.get(at)
         if bucket is None:
