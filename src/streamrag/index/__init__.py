@@ -11,6 +11,7 @@ exact index.
 """
 
 from streamrag.index.base import (
+    Closeable,
     CommitBatch,
     CommitResult,
     DocOp,
@@ -18,7 +19,10 @@ from streamrag.index.base import (
     Hit,
     IndexStats,
     MetaPredicate,
+    ReportsRebuild,
     SearchFilter,
+    SupportsHealth,
+    SupportsRollback,
     VectorIndex,
 )
 from streamrag.index.exact import ExactIndex, Snapshot
@@ -26,6 +30,7 @@ from streamrag.index.lsm import IndexHealth, LsmIndex, LsmSpec
 from streamrag.index.manifest import Manifest
 
 __all__ = [
+    "Closeable",
     "CommitBatch",
     "CommitResult",
     "DocOp",
@@ -38,7 +43,10 @@ __all__ = [
     "LsmSpec",
     "Manifest",
     "MetaPredicate",
+    "ReportsRebuild",
     "SearchFilter",
     "Snapshot",
+    "SupportsHealth",
+    "SupportsRollback",
     "VectorIndex",
 ]

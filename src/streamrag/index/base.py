@@ -18,13 +18,19 @@ applied), domains, document ids, a range of event times, predicates on the
 documents' own metadata (:class:`MetaPredicate`), and which version of the
 index to read: the latest epoch, an exact earlier ``epoch``, or the documents
 ``as_of`` an event time.
+
+Every index has the :class:`VectorIndex` methods. Some have more, and say so by
+their methods alone: :class:`SupportsRollback`, :class:`SupportsHealth`,
+:class:`Closeable` and :class:`ReportsRebuild` are ``runtime_checkable``
+protocols, so a caller asks ``isinstance(index, SupportsRollback)`` instead of
+looking a method up by name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -34,7 +40,11 @@ from streamrag.changes import Op
 from streamrag.errors import QueryError
 from streamrag.timing import Timestamp, format_timestamp
 
+if TYPE_CHECKING:
+    from streamrag.index.lsm_reads import IndexHealth
+
 __all__ = [
+    "Closeable",
     "CommitBatch",
     "CommitResult",
     "DocOp",
@@ -43,7 +53,10 @@ __all__ = [
     "IndexStats",
     "MetaPredicate",
     "MetaValue",
+    "ReportsRebuild",
     "SearchFilter",
+    "SupportsHealth",
+    "SupportsRollback",
     "VectorIndex",
     "check_queries",
     "merge_cursor",
@@ -250,6 +263,7 @@ class IndexStats:
     committed_at_us: Timestamp
 
 
+@runtime_checkable
 class VectorIndex(Protocol):
     """A versioned vector index: one writer, any number of readers."""
 
@@ -301,6 +315,41 @@ class VectorIndex(Protocol):
     def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
         """Every live chunk of the latest epoch with its vector (for replays and audits)."""
         ...
+
+
+@runtime_checkable
+class SupportsRollback(Protocol):
+    """An index that can make an earlier epoch's documents current again."""
+
+    def rollback(self, epoch: int) -> int:
+        """Publish epoch ``epoch``'s documents as a new epoch; returns the new epoch."""
+        ...
+
+
+@runtime_checkable
+class SupportsHealth(Protocol):
+    """An index with maintenance gauges (segments, tombstones, ANN builds, compactions)."""
+
+    def health(self) -> IndexHealth:
+        """The gauges of the latest epoch."""
+        ...
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """An index that holds threads or files: close it when done (it checkpoints first)."""
+
+    def close(self) -> None:
+        """Stop background work, write what must persist and release files."""
+        ...
+
+
+@runtime_checkable
+class ReportsRebuild(Protocol):
+    """An index that may have been rebuilt from its sources because its files were damaged."""
+
+    rebuilt: dict[str, str] | None
+    """None, or why it was rebuilt: ``reason``, ``damaged_file`` and ``moved_to``."""
 
 
 def check_queries(queries: npt.NDArray[np.float32], dim: int, k: int) -> npt.NDArray[np.float32]:
