@@ -507,3 +507,59 @@ def test_a_text_the_embedder_refuses_is_dead_lettered_and_the_batch_commits(
     assert p.stats.applied == 2
     assert p.stats.ingested == p.stats.applied + p.stats.dead_lettered
     assert waits  # the whole batch was retried with backoff before it was split
+
+
+def test_a_watermark_the_source_carries_fires_windows_without_later_data(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    """Events within one hour, then the source says the hour is over: the window fires."""
+    from streamrag.config import load_settings
+    from streamrag.runtime.build import build_event_time
+    from streamrag.testing import WATERMARK
+
+    settings = load_settings(
+        overrides={"event_time.windows": [{"name": "hourly", "size_ms": 3_600_000}]},
+        environ={},
+    )
+    hour = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
+    fired: list[tuple[int, int]] = []
+    src = ScriptedSource()
+    p = pipeline_factory(
+        src,
+        event_time=build_event_time(settings, clock),
+        on_window=[lambda name, r: fired.append((r.window.end, r.value))],
+    )
+    src.push(*(change_line(f"d{i}", (hour + i * 60_000_000) // 10**6, f"e {i}") for i in range(3)))
+    p.run_until_caught_up(final=False)
+    assert fired == []  # the derived watermark is still inside the hour
+    src.push(WATERMARK(hour + 3_600_000_000))
+    p.run_until_caught_up(final=False)
+    assert fired == [(hour + 3_600_000_000, 3)]
+    assert (p.stats.ingested, p.stats.applied) == (3, 3)  # a watermark is not a record
+
+
+def test_a_global_window_with_a_count_trigger_runs_from_settings(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    """``kind: global`` with ``trigger: count``: one result per three changes of a key."""
+    from streamrag.config import load_settings
+    from streamrag.runtime.build import build_event_time
+
+    settings = load_settings(
+        overrides={
+            "event_time.windows": [
+                {"name": "every3", "kind": "global", "trigger": "count", "trigger_count": 3}
+            ]
+        },
+        environ={},
+    )
+    fired: list[int] = []
+    src = ScriptedSource()
+    p = pipeline_factory(
+        src,
+        event_time=build_event_time(settings, clock),
+        on_window=[lambda name, r: fired.append(int(r.value))],
+    )
+    src.push(*(change_line(f"d{i}", 1_704_067_200 + i, f"e {i}") for i in range(7)))
+    p.run_until_caught_up(final=False)
+    assert fired == [3, 6]  # accumulating: the count so far, at every third change

@@ -259,7 +259,28 @@ def test_window_results_are_served(tmp_path: Path, service: Service) -> None:
         assert [r["key"] for r in one["results"]] == [["default", "it"]]
         missing = c.get("/v1/windows/nope")
         assert missing.status_code == 404
+        assert missing.json()["error"]["type"] == "UnknownNameError"
         assert "per_domain_daily" in missing.json()["error"]["message"]
         status = c.get("/v1/status").json()["event_time"]
         assert status["windows"]["per_domain_daily"] == {"open": 1, "late": 0}
         assert status["mode"] == "micro_batch"
+
+
+def test_rollback_answers_in_the_one_error_shape(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text(change_line("d1", "2024-01-01T00:00:00Z", "one") + "\n")
+    exact = _service(tmp_path / "exact", path, embedder=FakeEmbedder(), **{"index.kind": "exact"})
+    with TestClient(create_app(exact, manage_service=False)) as c:
+        refused = c.post("/v1/admin/rollback", json={"epoch": 0})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["type"] == "IndexStoreError"
+        assert "index.kind: lsm" in refused.json()["error"]["message"]
+    lsm = _service(tmp_path / "lsm", path, embedder=FakeEmbedder())
+    with TestClient(create_app(lsm, manage_service=False)) as c:
+        beyond = c.post("/v1/admin/rollback", json={"epoch": 99})
+        assert beyond.status_code == 400
+        assert beyond.json()["error"]["type"] == "IndexStoreError"
+        assert (
+            c.post("/v1/admin/rollback", json={"epoch": lsm.index.epoch}).json()["changed"] is False
+        )
+    lsm.stop()

@@ -7,8 +7,9 @@ An embedder turns texts into vectors, many at a time::
 Rows should be L2-normalized (scores are inner products); the pipeline checks
 shape, type and finiteness and normalizes anyway. ``version`` names the model
 and its settings: every chunk records it, so a change of model is traceable.
-An embedder may also offer ``count_tokens(text) -> int``; chunking then
-measures chunks in the model's own tokens.
+An embedder may also offer ``count_tokens(text) -> int`` (:class:`CountsTokens`);
+chunking then measures chunks in the model's own tokens. One with a slow start
+offers ``load()`` (:class:`Loadable`). Callers check these with ``isinstance``.
 
 The configuration names an embedder by a registered short name (``minilm``,
 ``hashing``) or by import path (``"mypkg.embedders:MyEmbedder"``), with keyword
@@ -26,7 +27,7 @@ import numpy.typing as npt
 
 from streamrag.errors import ConfigError, EmbedderError
 
-__all__ = ["REGISTRY", "Embedder", "build_embedder", "check_vectors"]
+__all__ = ["REGISTRY", "CountsTokens", "Embedder", "Loadable", "build_embedder", "check_vectors"]
 
 REGISTRY: dict[str, str] = {
     "hashing": "streamrag.embed.hashing:HashingEmbedder",
@@ -52,6 +53,24 @@ class Embedder(Protocol):
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Return one row per text, shape ``(len(texts), dim)``, float32."""
+        ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """An embedder that counts tokens as its model does: chunks are then measured in them."""
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` (without special tokens)."""
+        ...
+
+
+@runtime_checkable
+class Loadable(Protocol):
+    """An embedder with a slow start (a model to load): a job loads it before it serves."""
+
+    def load(self) -> None:
+        """Load the model now rather than on the first call."""
         ...
 
 

@@ -15,18 +15,13 @@ from typing import Any
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
 from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import Settings
-from streamrag.embed.base import Embedder
+from streamrag.embed.base import CountsTokens, Embedder
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.eventtime import (
-    AGGREGATORS,
-    Accumulation,
     EventTimeStage,
     Mode,
     NamedWindow,
-    Session,
-    Sliding,
     WatermarkTracker,
-    WindowedAggregation,
 )
 from streamrag.index.base import VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
@@ -119,9 +114,9 @@ def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:
 def build_splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
     """Chunk in the embedder's own tokens when it can count them."""
     chunking = settings.chunking
-    count = getattr(embedder, "count_tokens", None)
-    if chunking.tokens == "words" or not callable(count):
-        count = count_words
+    count = count_words
+    if chunking.tokens != "words" and isinstance(embedder, CountsTokens):
+        count = embedder.count_tokens
     return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
 
 
@@ -146,26 +141,7 @@ def build_event_time(settings: Settings, clock: Clock) -> EventTimeStage:
         idle_timeout_us=None if et.idle_timeout_ms is None else et.idle_timeout_ms * US_PER_MS,
         clock=clock,
     )
-    windows = []
-    for w in et.windows:
-        ms = US_PER_MS
-        if w.kind == "session":
-            assert w.gap_ms is not None
-            assigner: Session | Sliding = Session(w.gap_ms * ms)
-        else:
-            assert w.size_ms is not None
-            slide = w.size_ms if w.kind == "tumbling" else w.slide_ms
-            assert slide is not None
-            assigner = Sliding(w.size_ms * ms, slide * ms, w.offset_ms * ms)
-        op = WindowedAggregation(
-            assigner,
-            AGGREGATORS[w.aggregate](),
-            allowed_lateness_us=w.allowed_lateness_ms * ms,
-            accumulation=Accumulation(w.accumulation),
-            early_every_us=None if w.early_every_ms is None else w.early_every_ms * ms,
-            name=w.name,
-        )
-        windows.append(NamedWindow(w.name, op, tuple(w.key), w.value, w.keep_results))
+    windows = [NamedWindow.from_settings(w) for w in et.windows]
     tick = settings.batcher.tick_ms
     return EventTimeStage(
         tracker, windows, mode=Mode(et.mode), tick_us=None if tick is None else tick * US_PER_MS

@@ -6,7 +6,9 @@ which is how backpressure reaches the source — runs the stages
 micro-batcher. Each read is cut to the room left in the batcher, in bytes and
 in chunks (from the bytes per chunk of recent reads). After a restart, records
 below the committed position are sifted (:class:`~.cursor.Rewind`): the
-changes that were waiting go to the batcher again, the rest is skipped.
+changes that were waiting go to the batcher again, the rest is skipped. A
+watermark that a source carries itself (:attr:`RawBatch.watermark`) is passed
+to the event-time stage after the changes it came with.
 
 It runs in its own thread beside the committing half (:mod:`.executor`), so
 the next batch is decoded and chunked while the current one embeds. Every
@@ -80,7 +82,8 @@ class Intake:
     def poll(self, *, final: bool = False) -> int:
         """Read, decode, window and chunk what the source has, unless the batcher is full.
 
-        Returns the number of records read.
+        Returns the number of records read (or of watermarks, when a poll
+        brought nothing else): zero means there was nothing to take.
         """
         with self.keeper.gate.polling():
             return self._poll(final)
@@ -102,6 +105,7 @@ class Intake:
             self.drained, self._idle_poll_us = True, now
             return 0
         read = sum(len(r) for r in raws)
+        marks = [(r.source, r.watermark) for r in raws if r.watermark is not None]
         if self.keeper.rewind.active:
             raws = self._sift(raws, idle_since)
         n = sum(len(r) for r in raws)  # read for the first time
@@ -117,8 +121,10 @@ class Intake:
                 per = sum(len(line) for r in raws for line in r.lines) / chunks
                 old = self._bytes_per_chunk
                 self._bytes_per_chunk = per if old == 0 else 0.7 * old + 0.3 * per
+        for part, mark in marks:  # a source's own watermark holds after its batch
+            self._route_windows(self.event_time.observe_watermark(part, mark), None)
         self.metrics.pending.set(self.batcher.pending)
-        return read
+        return read or len(marks)  # a watermark alone is progress too
 
     def _read_budget(self) -> int:
         """Bytes to read now: no more than the batcher has room for, in bytes and in chunks."""

@@ -28,6 +28,15 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self._ingest(r)
+        self._index(r)
+        self._batching(r)
+        self._queries(r)
+        self._answers(r)
+        self._llm(r)
+
+    def _ingest(self, r: CollectorRegistry) -> None:
+        """Records along the data path: read, applied, refused, embedded, committed."""
         self.ingested = Counter(
             "streamrag_changes_ingested", "Records read from sources.", registry=r
         )
@@ -57,6 +66,9 @@ class Metrics:
             "streamrag_chunks_reused", "Unchanged chunks that kept their vector.", registry=r
         )
         self.commits = Counter("streamrag_commits", "Micro-batches committed.", registry=r)
+
+    def _index(self, r: CollectorRegistry) -> None:
+        """The index and event time: epoch, size, watermark, windows."""
         self.epoch = Gauge("streamrag_index_epoch", "Latest committed epoch.", registry=r)
         self.live_chunks = Gauge("streamrag_index_live_chunks", "Searchable chunks.", registry=r)
         self.live_docs = Gauge("streamrag_index_live_docs", "Searchable documents.", registry=r)
@@ -83,6 +95,9 @@ class Metrics:
             ["window"],
             registry=r,
         )
+
+    def _batching(self, r: CollectorRegistry) -> None:
+        """Micro-batches, embedding and backpressure."""
         self.batch_chunks = Histogram(
             "streamrag_batch_chunks",
             "Chunks per committed micro-batch.",
@@ -128,6 +143,9 @@ class Metrics:
             "1 while the batcher is full and sources are paused, else 0.",
             registry=r,
         )
+
+    def _queries(self, r: CollectorRegistry) -> None:
+        """Retrieval latency and query batching."""
         self.query_seconds = Histogram(
             "streamrag_query_seconds",
             "Time to answer a retrieval batch.",
@@ -141,6 +159,9 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+
+    def _answers(self, r: CollectorRegistry) -> None:
+        """The answer cache and the answers by generator."""
         self.cache_lookups = Counter(
             "streamrag_answer_cache_lookups",
             "Answer-cache lookups by result: exact, near (a near-duplicate question) or miss.",
@@ -177,6 +198,9 @@ class Metrics:
             ["generator", "outcome"],
             registry=r,
         )
+
+    def _llm(self, r: CollectorRegistry) -> None:
+        """Calls to the LLM endpoint, its retries, latency and circuit, and flagged chunks."""
         self.llm_calls = Counter(
             "streamrag_llm_calls",
             "Calls to the LLM endpoint by outcome: ok, error, timeout, circuit_open.",

@@ -18,7 +18,7 @@ from typing import Any
 
 from streamrag.chunking import chunk_id_text
 from streamrag.config import Settings
-from streamrag.embed.base import Embedder
+from streamrag.embed.base import Embedder, Loadable
 from streamrag.eventtime import WindowResult
 from streamrag.index.base import VectorIndex
 from streamrag.runtime.service import Service
@@ -48,9 +48,8 @@ def replay(
     result = ReplayResult(service)
     pipeline = service.pipeline
     pipeline.on_window.append(lambda name, r: result.windows.append((name, r)))
-    load = getattr(service.embedder, "load", None)
-    if callable(load):
-        load()
+    if isinstance(service.embedder, Loadable):
+        service.embedder.load()
     pipeline.run_until_caught_up(final=True)
     pipeline.finish_event_time()
     pipeline.close()

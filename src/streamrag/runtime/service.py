@@ -17,23 +17,19 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from streamrag.config import Settings
-from streamrag.embed.base import Embedder, build_embedder, check_vectors
-from streamrag.index.base import Hit, SearchFilter
+from streamrag.embed.base import Embedder, Loadable, build_embedder, check_vectors
+from streamrag.index.base import Closeable, Hit, SearchFilter, SupportsHealth
 from streamrag.index.factory import build_index
 from streamrag.runtime.build import build_event_time, build_pipeline
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
 from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.status import job_status
 from streamrag.sources.base import Source
 from streamrag.timing import (
-    MAX_TIMESTAMP,
-    MIN_TIMESTAMP,
-    US_PER_MS,
-    US_PER_S,
     Clock,
     SystemClock,
-    format_timestamp,
 )
 
 __all__ = ["Service", "build_event_time"]
@@ -59,7 +55,9 @@ class Service:
         self.index = build_index(
             settings.index, self.embedder.dim, state_dir=settings.state_dir, clock=self.clock
         )
-        self.metrics.watch_index(getattr(self.index, "health", None))
+        self.metrics.watch_index(
+            self.index.health if isinstance(self.index, SupportsHealth) else None
+        )
         # What each commit changed: the answer cache checks it before serving.
         self.epochs = EpochLog()
         # Where the last commit left the stream: a restart resumes exactly there.
@@ -87,9 +85,8 @@ class Service:
 
     def start(self) -> None:
         """Load the embedder and start ingesting in the background."""
-        load = getattr(self.embedder, "load", None)
-        if callable(load):
-            load()
+        if isinstance(self.embedder, Loadable):
+            self.embedder.load()
         self.runner.start()
 
     def stop(self) -> None:
@@ -99,9 +96,8 @@ class Service:
         embedded in time are read again on restart.
         """
         self.runner.stop(self.settings.stop_timeout_s)
-        close = getattr(self.index, "close", None)
-        if callable(close):
-            close()
+        if isinstance(self.index, Closeable):
+            self.index.close()
 
     def retrieve_many(
         self, queries: Sequence[str], k: int, flt: SearchFilter
@@ -127,133 +123,6 @@ class Service:
             self.embedder.embed_many(list(texts)), len(texts), self.embedder.dim, "embedder"
         )
 
-    def _torn_tails(self) -> int:
-        health = getattr(self.index, "health", None)
-        return int(health().wal_torn_tails) if callable(health) else 0
-
     def status(self) -> dict[str, Any]:
         """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""
-        # The counts and what is uncommitted at one instant: they always add up.
-        st, pending = self.pipeline.counts()
-        idx = self.index.stats()
-        now = self.clock.now_us()
-        wm = self.pipeline.watermark
-        tracker = self.pipeline.event_time.tracker
-        batcher = self.pipeline.batcher
-        backlog = self.pipeline.reader.backlog_bytes()  # stats every file: read it once
-        body: dict[str, Any] = {
-            "epoch": idx.epoch,
-            "watermark": _time(wm),
-            "source": {
-                "path": str(self.settings.source.path),
-                # A missing path is read once it appears; until then nothing is ingested.
-                "exists": self.settings.source.path.exists(),
-            },
-            "event_time": {
-                "watermark": _time(wm),
-                "lag_s": None if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP) else (now - wm) / US_PER_S,
-                "max_event_time": _time(tracker.max_seen()),
-                "partitions": tracker.partitions,
-                "active_partitions": len(tracker.active()),
-                "mode": self.pipeline.event_time.mode.value,
-                "windows": {
-                    w.name: {"open": w.operator.open_windows, "late": st_late}
-                    for w, st_late in zip(
-                        self.pipeline.event_time.windows,
-                        self.pipeline.event_time.late_counts.values(),
-                        strict=True,
-                    )
-                },
-            },
-            "batcher": {
-                "target_size": batcher.target_size,
-                "pending_chunks": batcher.pending_chunks,
-                "partitions": batcher.partitions,
-                "full": batcher.full,
-            },
-            "queues": {
-                "batcher": {
-                    "changes": batcher.pending,
-                    "chunks": batcher.pending_chunks,
-                    "bytes": batcher.pending_bytes,
-                    "max_chunks": batcher.max_pending,
-                    "max_bytes": batcher.max_pending_bytes,
-                },
-                "embedding": self.pipeline.uncommitted - batcher.pending,
-                "source_backlog_bytes": backlog,
-            },
-            "backpressure": {
-                "on": batcher.full,
-                "paused_polls": self.pipeline.paused_polls,
-            },
-            "last_commit": (self.index.cursor or {}).get("audit"),
-            "recovery": {
-                "resumed_from_epoch": self.resumed_from,
-                "ingested_before": self.resumed_at["ingested"],
-                "waiting_at_resume": self.resumed_at["waiting"],
-                "replayed": st.replayed,
-                "skipped": st.skipped,
-                "wal_torn_tails": self._torn_tails(),
-                # Set when a damaged index was moved aside and is rebuilt from the sources.
-                "rebuilt_from_source": getattr(self.index, "rebuilt", None),
-            },
-            "counts": {
-                "ingested": st.ingested,
-                "applied": st.applied,
-                "stale": st.stale,
-                "past_versions": st.past_versions,
-                "dead_lettered": st.dead_lettered,
-                "pending": pending,
-                "chunks_embedded": st.chunks_embedded,
-                "chunks_reused": st.chunks_reused,
-                "commits": st.commits,
-                "window_results": st.window_results,
-                "window_late": st.window_late,
-                "window_invalid": st.window_invalid,
-                "window_errors": st.window_errors,
-                "poison": st.poison,
-                "embed_retries": st.embed_retries,
-            },
-            "index": {
-                "live_docs": idx.live_docs,
-                "live_chunks": idx.live_chunks,
-                "deleted_docs": idx.deleted_docs,
-                "history": self.settings.index.history
-                if self.settings.index.kind == "lsm"
-                else "current",
-            },
-            "ingest_lag": {
-                "backlog_bytes": backlog,
-                "pending_changes": pending,
-                "caught_up": self.pipeline.drained and pending == 0 and backlog == 0,
-                "watermark_lag_s": None
-                if wm in (MIN_TIMESTAMP, MAX_TIMESTAMP)
-                else (now - wm) / US_PER_S,
-            },
-            "freshness": {
-                "last_batch_ms": None
-                if st.last_freshness_us is None
-                else st.last_freshness_us / US_PER_MS,
-                "since_last_commit_ms": None
-                if st.last_commit_us is None
-                else max(0, now - st.last_commit_us) / US_PER_MS,
-            },
-            "embedder": self.embedder.version,
-            "dead_letter_path": str(self.settings.dead_letter_path),
-            "pipeline": {
-                "running": self.runner.running,
-                "errors": self.runner.errors,
-                "last_error": self.runner.last_error,
-            },
-            "uptime_s": (now - self.started_us) / 1e6,
-        }
-        return body
-
-
-def _time(ts: int) -> str | None:
-    """A watermark or event time for people: None before anything, 'end' after a replay."""
-    if ts == MIN_TIMESTAMP:
-        return None
-    if ts == MAX_TIMESTAMP:
-        return "end"
-    return format_timestamp(ts)
+        return job_status(self)

@@ -30,14 +30,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from streamrag.errors import GeneratorError, IndexStoreError, QueryError, StreamragError
+from streamrag.errors import IndexStoreError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
+from streamrag.index.base import SupportsRollback
 from streamrag.runtime.service import Service
 from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import SemanticCache
 from streamrag.serve.context import load_reranker
-from streamrag.serve.errors import BodyLimit, error_body, validation_body
+from streamrag.serve.errors import BodyLimit, error_response, validation_body
 from streamrag.serve.generator import ChatClient
 from streamrag.serve.openai_api import router as openai_router
 from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
@@ -97,11 +98,8 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     @app.exception_handler(StreamragError)
     async def _streamrag_error(request: Request, exc: StreamragError) -> Response:
-        status = (
-            400 if isinstance(exc, QueryError) else 502 if isinstance(exc, GeneratorError) else 500
-        )
-        body = error_body(type(exc).__name__, str(exc))
-        return Response(encode_json(body), status_code=status, media_type="application/json")
+        status, body = error_response(exc)
+        return Response(body, status_code=status, media_type="application/json")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -111,11 +109,8 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("%s %s failed", request.method, request.url.path)
-        body = error_body(
-            "InternalError",
-            f"{type(exc).__name__} while answering {request.url.path}; the server logged it",
-        )
-        return Response(encode_json(body), status_code=500, media_type="application/json")
+        status, body = error_response(exc, request.url.path)
+        return Response(body, status_code=status, media_type="application/json")
 
     @app.post(
         "/v1/retrieve",
@@ -196,12 +191,9 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     async def window(name: str, key: str | None = None) -> Response:
         """One aggregation's latest results, oldest window first; ``key`` keeps one key."""
         stage = service.pipeline.event_time
-        found = [w for w in stage.windows if w.name == name]
-        if not found:
-            known = ", ".join(w.name for w in stage.windows) or "none are configured"
-            msg = f"no window aggregation named {name!r}; known: {known}"
-            return JSONResponse({"error": {"type": "NotFound", "message": msg}}, status_code=404)
-        body = _window_body(found[0], stage.results(name), key)
+        results = stage.results(name)  # an unknown name: UnknownNameError, a 404
+        found = next(w for w in stage.windows if w.name == name)
+        body = _window_body(found, results, key)
         return Response(encode_json(body), media_type="application/json")
 
     @app.get("/metrics")
@@ -216,18 +208,11 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         The epochs after it can no longer be read; changes after it that the
         input still holds are applied again when replayed.
         """
-        undo = getattr(service.index, "rollback", None)
-        if undo is None:
-            err = {
-                "type": "IndexStoreError",
-                "message": "this index keeps no history to roll back to; use index.kind: lsm",
-            }
-            return JSONResponse({"error": err}, status_code=400)
-        try:
-            epoch = await run_in_threadpool(undo, body.epoch)
-        except IndexStoreError as exc:
-            err = {"type": "IndexStoreError", "message": str(exc)}
-            return JSONResponse({"error": err}, status_code=400)
+        index = service.index
+        if not isinstance(index, SupportsRollback):
+            msg = "this index keeps no history to roll back to; use index.kind: lsm"
+            raise IndexStoreError(msg)
+        epoch = await run_in_threadpool(index.rollback, body.epoch)  # IndexStoreError: a 400
         if epoch == body.epoch:  # it was the latest epoch already
             msg = f"epoch {epoch} is the latest epoch: there is nothing to roll back"
             return JSONResponse(

@@ -19,9 +19,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyLimit", "error_body", "validation_body"]
+from streamrag.errors import (
+    GeneratorError,
+    IndexStoreError,
+    QueryError,
+    StreamragError,
+    UnknownNameError,
+)
+
+__all__ = ["BodyLimit", "error_body", "error_response", "status_of", "validation_body"]
 
 _JSON = [(b"content-type", b"application/json")]
 
@@ -32,6 +42,46 @@ def error_body(kind: str, message: str, details: list[Any] | None = None) -> dic
     if details is not None:
         err["details"] = details
     return {"error": err}
+
+
+_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (UnknownNameError, 404),
+    (QueryError, 400),
+    (IndexStoreError, 400),
+    (GeneratorError, 502),
+    (StreamragError, 500),
+)
+"""HTTP status by error class, most specific first."""
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status an error answers with.
+
+    >>> status_of(QueryError("k must be positive")), status_of(RuntimeError())
+    (400, 500)
+    """
+    if isinstance(exc, ValidationError):
+        return 422
+    return next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+
+
+def error_response(exc: BaseException, where: str = "the request") -> tuple[int, bytes]:
+    """The one mapping of an error to an HTTP answer: ``(status, JSON body)``.
+
+    A streamrag error shows its own message; a validation error lists the
+    fields that failed; anything else is an internal error whose message
+    names only its type (the server logs the rest).
+    """
+    if isinstance(exc, ValidationError):
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        body = validation_body(errors)
+    elif isinstance(exc, StreamragError):
+        body = error_body(type(exc).__name__, str(exc))
+    else:
+        body = error_body(
+            "InternalError", f"{type(exc).__name__} while answering {where}; the server logged it"
+        )
+    return status_of(exc), msgspec.json.encode(body)
 
 
 def validation_body(errors: Sequence[Any]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from streamrag.embed.base import CountsTokens
 from streamrag.errors import QueryError
 from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.retrieve import check_k, encode_json, search_filter
@@ -86,8 +87,10 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
             "dimensions",
         )
     vectors = await run_in_threadpool(service.embed_many, texts)
-    count = getattr(service.embedder, "count_tokens", None)
-    tokens = sum(count(t) if callable(count) else len(t.split()) for t in texts)
+    emb = service.embedder
+    tokens = sum(
+        emb.count_tokens(t) if isinstance(emb, CountsTokens) else len(t.split()) for t in texts
+    )
     data = []
     for i, row in enumerate(vectors):
         if body.encoding_format == "base64":

@@ -23,7 +23,7 @@ from streamrag.chunking import chunk_id_text
 from streamrag.errors import QueryError
 from streamrag.index.base import Hit, MetaPredicate, SearchFilter
 from streamrag.serve.batcher import QueryBatcher
-from streamrag.serve.errors import error_body, validation_body
+from streamrag.serve.errors import error_response
 from streamrag.serve.schemas import MetaRange, RetrievalOptions, RetrieveRequest
 from streamrag.timing import format_timestamp
 
@@ -41,15 +41,10 @@ async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, b
         req = RetrieveRequest.model_validate_json(body)
         check_k(req.k, max_k)
         flt = search_filter(req)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        return 422, encode_json(validation_body(errors))
-    except QueryError as exc:
-        return 400, encode_json(error_body("QueryError", str(exc)))
-    try:
+        # A QueryError here is found at search time: an epoch or as_of outside history.
         epoch, hits = await batcher.retrieve(req.query, req.k, flt)
-    except QueryError as exc:  # found at search time: an epoch or as_of outside history
-        return 400, encode_json(error_body("QueryError", str(exc)))
+    except (ValidationError, QueryError) as exc:
+        return error_response(exc)
     payload = {
         "epoch": epoch,
         "took_ms": round((time.perf_counter() - started) * 1000, 3),
