@@ -1,13 +1,19 @@
 """Stage ⑧ of the data path: the versioned vector index.
 
-:mod:`.base` defines what a commit carries and what a search returns;
-:mod:`.lsm` is the default index — every change a version of its document
-(:mod:`.versions`, rows written through :mod:`.pending`), segments sized by rows
+:mod:`.base` defines what a commit carries and what a search returns, the
+:class:`VectorIndex` contract and the optional capabilities
+(:class:`SupportsRollback`, :class:`SupportsHealth`, :class:`Closeable`,
+:class:`ReportsRebuild`); :mod:`.versions` states which version of a document
+wins and keeps every document's versions. :mod:`.lsm` is the default index,
+assembled by role from :mod:`.lsm_state`, :mod:`.lsm_writer`,
+:mod:`.lsm_persistence`, :mod:`.lsm_maintenance`, :mod:`.lsm_rollback` and
+:mod:`.lsm_reads` — rows written through :mod:`.pending`, segments sized by rows
 with bitemporal stamps (:mod:`.segment`), ANN structures for sealed segments
 (:mod:`.ann`), immutable manifests per epoch (:mod:`.manifest`), the query path
 (:mod:`.search`), compaction (:mod:`.compaction`), the write-ahead log
-(:mod:`.wal`) and files (:mod:`.store`); :mod:`.exact` is the simple in-memory
-exact index.
+(:mod:`.wal`), files (:mod:`.store`) and the checkpoint manifest
+(:mod:`.checkpoint`); :mod:`.exact` is the simple in-memory exact index, and
+:mod:`.factory` builds either from settings.
 """
 
 from streamrag.index.base import (

@@ -1,4 +1,13 @@
-"""Build the index a job's settings describe."""
+"""Build the index a job's settings describe.
+
+This is the one place where ``index.*`` settings (:class:`~streamrag.config.IndexSettings`)
+become the LSM index's spec (:func:`lsm_spec`): the rest of the package takes an
+:class:`~streamrag.index.lsm.LsmSpec` and never reads settings. ``seal_rows``
+sizes both the growing segment and the compaction tiers, so it is given to both
+here. The specs' own defaults equal the settings' defaults
+(``lsm_spec(IndexSettings()) == LsmSpec()``, pinned by a test), so an index built
+in code without settings behaves as one built from an empty configuration.
+"""
 
 from __future__ import annotations
 
