@@ -23,21 +23,14 @@ import threading
 
 import numpy as np
 
-from streamrag.index.ann import (
-    Ann,
-    BuildCancelled,
-    build_ann,
-    choose_ann,
-    recall_on,
-)
+from streamrag.index.ann import Ann, BuildCancelled, build_ann, choose_ann, recall_on
 from streamrag.index.compaction import droppable, plan
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import Rows, Segment
 
-log = logging.getLogger("streamrag.index")
-
-
 __all__ = ["LsmMaintenance"]
+
+log = logging.getLogger("streamrag.index")
 
 _MAINTENANCE_NICE = 10
 """How much lower the maintenance thread's CPU priority is than the process's."""

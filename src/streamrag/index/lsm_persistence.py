@@ -26,12 +26,8 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import CorruptStateError, IndexStoreError
-from streamrag.index.ann import (
-    load_hnsw,
-)
-from streamrag.index.base import (
-    merge_cursor,
-)
+from streamrag.index.ann import load_hnsw
+from streamrag.index.base import merge_cursor
 from streamrag.index.checkpoint import CheckpointManifest, SegmentEntry
 from streamrag.index.lsm_writer import LsmWriter
 from streamrag.index.manifest import Manifest
@@ -52,10 +48,9 @@ from streamrag.index.store import (
 from streamrag.index.wal import WriteAheadLog
 from streamrag.timing import MIN_TIMESTAMP
 
-log = logging.getLogger("streamrag.index")
-
-
 __all__ = ["LsmPersistence"]
+
+log = logging.getLogger("streamrag.index")
 
 I64 = npt.NDArray[np.int64]
 

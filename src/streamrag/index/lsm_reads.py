@@ -18,16 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import IndexStoreError
-from streamrag.index.ann import (
-    choose_ann,
-)
-from streamrag.index.base import (
-    DocState,
-    Hit,
-    IndexStats,
-    SearchFilter,
-    check_queries,
-)
+from streamrag.index.ann import choose_ann
+from streamrag.index.base import DocState, Hit, IndexStats, SearchFilter, check_queries
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import search_segments

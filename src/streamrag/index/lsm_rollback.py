@@ -13,9 +13,7 @@ rollback is checkpointed at once when the index persists.
 from __future__ import annotations
 
 from streamrag.errors import IndexStoreError, QueryError
-from streamrag.index.base import (
-    SearchFilter,
-)
+from streamrag.index.base import SearchFilter
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import NEVER
 

@@ -22,7 +22,6 @@ here, with the steps more than one role takes:
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -34,14 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import IndexStoreError
-from streamrag.index.ann import (
-    AnnSpec,
-    choose_ann,
-)
-from streamrag.index.base import (
-    DocState,
-    IndexStats,
-)
+from streamrag.index.ann import AnnSpec, choose_ann
+from streamrag.index.base import DocState, IndexStats
 from streamrag.index.compaction import CompactionSpec
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import SearchTuning, View
@@ -49,9 +42,6 @@ from streamrag.index.segment import NEVER, Rows, Segment
 from streamrag.index.versions import Key, Versions
 from streamrag.index.wal import WriteAheadLog
 from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, SystemClock, Timestamp
-
-log = logging.getLogger("streamrag.index")
-
 
 __all__ = ["LsmSpec", "LsmState"]
 

@@ -24,13 +24,7 @@ import numpy.typing as npt
 
 from streamrag.changes import Op
 from streamrag.errors import IndexStoreError
-from streamrag.index.base import (
-    CommitBatch,
-    CommitResult,
-    DocOp,
-    DocState,
-    merge_cursor,
-)
+from streamrag.index.base import CommitBatch, CommitResult, DocOp, DocState, merge_cursor
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.pending import PendingRows
 from streamrag.index.segment import NEVER, Rows
