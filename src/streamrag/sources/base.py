@@ -75,7 +75,10 @@ class SourceReader(Protocol):
         """Return what is available now, at most about ``max_bytes``; never blocks.
 
         ``final=True`` says no more data will come (a bounded replay), so a last
-        line without a trailing newline is returned too.
+        line without a trailing newline is returned too. At least one record
+        comes back when one is available, however small ``max_bytes`` is. A
+        batch may hold no lines when it carries a watermark; with nothing to
+        say, the poll returns ``[]``.
         """
         ...
 
