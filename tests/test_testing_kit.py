@@ -235,3 +235,10 @@ def test_timeline_source_without_crashes_keeps_the_offsets() -> None:
     assert _offsets(armed.poll(BIG)) == [0]
     with pytest.raises(ScriptedCrash):
         armed.poll(BIG)
+
+
+def test_timeline_repr_shows_its_script() -> None:
+    tl = Timeline().add('{"doc_id": "a", "event_time": 1}').watermark(2).pause().crash().eof()
+    assert repr(tl) == (
+        """Timeline([b'{"doc_id": "a", "event_time": 1}', Watermark(time=2), PAUSE, CRASH, EOF])"""
+    )

@@ -367,6 +367,9 @@ class Timeline:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __repr__(self) -> str:
+        return f"Timeline({self._items!r})"
+
     def _open(self, step: str) -> None:
         if self._eof_at is not None:
             msg = (
