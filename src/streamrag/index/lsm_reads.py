@@ -23,6 +23,7 @@ from streamrag.index.base import DocState, Hit, IndexStats, SearchFilter, check_
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import search_segments
+from streamrag.index.versions import is_newer
 from streamrag.timing import Timestamp
 
 __all__ = ["IndexHealth", "LsmReads"]
@@ -88,7 +89,7 @@ class LsmReads(LsmState):
         version = (event_time, offset)
         if not self._spec.history:
             current = self._versions.current(key)
-            return current is None or version > current.version
+            return is_newer(version, None if current is None else current.version)
         _, after, held = self._versions.neighbours(key, version)
         return not held and not (after is not None and after.version[0] <= self._floor())
 
