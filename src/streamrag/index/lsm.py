@@ -42,7 +42,6 @@ persistence (:mod:`.lsm_persistence`, with the typed checkpoint manifest of
 from __future__ import annotations
 
 import atexit
-import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -81,10 +80,7 @@ class LsmIndex(LsmReads, LsmRollback, LsmMaintenance):
             load_arrow()
             self._open(self._path)
         if background:
-            self._thread = threading.Thread(
-                target=self._maintenance_loop, name="streamrag-index-maintenance", daemon=True
-            )
-            self._thread.start()
+            self._start_thread()
             # A process that exits without close() must not kill the thread inside a
             # graph build: native code aborts the process then. Let it finish first.
             atexit.register(_halt_at_exit, weakref.ref(self))

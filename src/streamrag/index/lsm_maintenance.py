@@ -8,7 +8,8 @@ segments its policy picks with their neighbours in event time
 (:mod:`.compaction`), and checkpoints when one is due. It takes the writer lock
 only to publish its result, and runs at a lower CPU priority than the process.
 Without the thread, :meth:`LsmMaintenance.maintain` does one round of it all
-(tests call it, deterministically).
+(tests call it, deterministically). The thread itself is a
+:class:`~.maintenance_thread.MaintenanceThread`.
 
 A compaction that a rollback overtook is void: the rollback bumps the
 generation, and a merge begun under an older one is dropped.
@@ -16,10 +17,7 @@ generation, and a merge begun under an older one is dropped.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 
 import numpy as np
 
@@ -31,9 +29,6 @@ from streamrag.index.segment import Rows, Segment
 __all__ = ["LsmMaintenance"]
 
 log = logging.getLogger("streamrag.index")
-
-_MAINTENANCE_NICE = 10
-"""How much lower the maintenance thread's CPU priority is than the process's."""
 
 
 class LsmMaintenance(LsmPersistence):
@@ -205,40 +200,18 @@ class LsmMaintenance(LsmPersistence):
             self._republish()
         return True
 
-    def _maintenance_loop(self) -> None:
-        # Graph builds and merges can wait; commits and queries cannot. On Linux a
-        # thread has its own nice value: give this one less CPU when others want it.
-        with contextlib.suppress(AttributeError, OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _MAINTENANCE_NICE)
-        while True:
-            with self._wake:
-                if self._closed:
-                    return
-            try:
-                busy = self.maintain()
-            except Exception as exc:
-                log.exception("index maintenance failed")
-                self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
-                busy = False
-            if not busy:
-                with self._wake:
-                    if self._closed:
-                        return
-                    # Woken by commits that seal or make a checkpoint due; the timeout
-                    # is a safety net for compaction made possible by time passing.
-                    self._wake.wait(timeout=5.0)
+    def _start_thread(self) -> None:
+        """Run :meth:`maintain` on the maintenance thread from now on."""
+        self._maintenance.start(self.maintain, self._maintenance_failed)
+
+    def _maintenance_failed(self, exc: Exception) -> None:
+        log.exception("index maintenance failed")
+        self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
 
     def close(self) -> None:
         """Stop the maintenance thread, checkpoint (if persistent) and close the log."""
-        with self._wake:
-            was_closed = self._closed
-            self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if was_closed:
-            return
+        if self._maintenance.stop():
+            return  # closed already
         with self._maint, self._lock:
             if self._path is not None and self._wal is not None:
                 self.checkpoint()
@@ -253,9 +226,4 @@ class LsmMaintenance(LsmPersistence):
 
     def _halt(self) -> None:
         """Stop the maintenance thread after its current step (no checkpoint)."""
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._maintenance.stop()

@@ -36,6 +36,7 @@ from streamrag.errors import IndexStoreError
 from streamrag.index.ann import AnnSpec, choose_ann
 from streamrag.index.base import DocState, IndexStats
 from streamrag.index.compaction import CompactionSpec
+from streamrag.index.maintenance_thread import MaintenanceThread
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import SearchTuning, View
 from streamrag.index.segment import NEVER, Rows, Segment
@@ -115,12 +116,10 @@ class LsmState:
         self._queries_at_check = 0
         self.ann_recall_min = 1.0
         self._wal: WriteAheadLog | None = None
-        self._wake = threading.Condition()
-        self._closed = False
+        self._maintenance = MaintenanceThread()  # the closed flag, and the thread if started
         self.last_maintenance_error: str | None = None
         self.rebuilt: dict[str, str] | None = None
         """Set when a damaged index was moved aside and this one rebuilds it from the sources."""
-        self._thread: threading.Thread | None = None
         self._manifest = self._make_manifest(0, None, self._clock.now_us())
 
     def _floor(self) -> Timestamp:
@@ -234,12 +233,10 @@ class LsmState:
 
     def _closing(self) -> bool:
         """True once :meth:`close` was called: long maintenance work gives up."""
-        return self._closed
+        return self._maintenance.closed
 
     def _notify(self) -> None:
-        if self._thread is not None:
-            with self._wake:
-                self._wake.notify()
+        self._maintenance.wake()
 
     def _ann_candidates(self) -> list[Segment]:
         spec = self._spec.ann

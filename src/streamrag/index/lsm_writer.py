@@ -68,7 +68,7 @@ class LsmWriter(LsmState):
             )
             raise IndexStoreError(msg)
         with self._lock:
-            if self._closed:
+            if self._maintenance.closed:
                 msg = "the index is closed; open it again to commit"
                 raise IndexStoreError(msg)
             epoch = self._manifest.epoch + 1
