@@ -70,13 +70,13 @@ def test_minilm_ranks_by_meaning_offline() -> None:
 @pytest.mark.slow
 def test_minilm_chunks_fit_its_own_token_budget() -> None:
     from streamrag.config import load_settings
-    from streamrag.runtime.service import _splitter
+    from streamrag.runtime.build import build_splitter
 
     emb = _registered("streamrag.embed.sentence_transformers:SentenceTransformerEmbedder")
     settings = load_settings(
         overrides={"chunking.max_tokens": 32, "chunking.overlap_tokens": 4}, environ={}
     )
-    splitter = _splitter(settings, emb)
+    splitter = build_splitter(settings, emb)
     text = " ".join(f"internationalization{i} configuration-management" for i in range(60))
     chunks = splitter.split(text)
     assert len(chunks) > 5

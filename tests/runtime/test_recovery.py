@@ -262,3 +262,44 @@ def test_commit_interval_groups_micro_batches_into_one_epoch(tmp_path: Path) -> 
     assert job.index.epoch == 2  # all three in one epoch
     assert job.index.stats().live_docs == 4
     assert json.dumps(job.index.cursor)  # plain data
+
+
+def test_a_window_result_is_released_once_with_the_commit_that_made_it(tmp_path: Path) -> None:
+    """A window fires while changes are read; the job dies before the commit; the restart
+    fires it again from the committed state. Downstream sees it once, not twice."""
+    lines = [change_line(f"d{i}", T0 + i * 60, f"text {i}", domain="ops") for i in range(5)]
+    lines.append(change_line("late-hour", T0 + 2 * 3600, "next hours", domain="ops"))
+    data = _write(tmp_path / "changes.jsonl", lines)
+    state = tmp_path / "state"
+    clock = ManualClock(T0 * 10**6)
+    seen: list[tuple[str, WindowResult]] = []
+    first = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
+    first.pipeline.on_window.append(lambda name, r: seen.append((name, r)))
+    assert first.pipeline.poll() == 6  # hour 0 closes while these are read
+    assert seen == []  # not yet committed: nothing leaves
+    first.crash()
+    second = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
+    second.pipeline.on_window.append(lambda name, r: seen.append((name, r)))
+    second.pipeline.run_until_caught_up(final=False)
+    hour0 = [r for _, r in seen if r.window.start == T0 * 10**6]
+    assert [(r.key, r.value) for r in hour0] == [("ops", 5)]
+    assert second.index.epoch >= 1
+
+
+def test_window_output_fired_by_time_alone_gets_a_commit_of_its_own(tmp_path: Path) -> None:
+    """The end of input fires the last window with nothing left to commit: an empty commit
+    carries the window state, and the result leaves only once it is in."""
+    lines = [change_line(f"d{i}", T0 + i * 60, f"text {i}", domain="ops") for i in range(3)]
+    data = _write(tmp_path / "changes.jsonl", lines)
+    job = Job(tmp_path / "state", data, ManualClock(T0 * 10**6))
+    job.pipeline.run_until_caught_up(final=True)
+    epoch = job.index.epoch
+    assert job.results == []
+    assert job.pipeline.finish_event_time() == 1
+    assert job.results == []  # fired, not yet durable
+    assert job.pipeline.wait_us() == 0  # so the committer commits at once
+    assert job.pipeline.flush() == 1
+    assert job.index.epoch == epoch + 1
+    assert [(r.key, r.value) for _, r in job.results] == [("ops", 3)]
+    assert job.index.stats().live_docs == 3  # the empty commit changed no document
+    job.finish()

@@ -98,14 +98,21 @@ class Ledger:
             self.stats.dead_lettered += n
             self.reading -= n
 
-    def committed(self, delta: Mapping[str, int], now: Timestamp, first_arrival: Timestamp) -> None:
-        """The records in flight are applied or refused: add the commit's counts."""
+    def committed(
+        self, delta: Mapping[str, int], now: Timestamp, first_arrival: Timestamp | None
+    ) -> None:
+        """The records in flight are applied or refused: add the commit's counts.
+
+        ``first_arrival`` is when the oldest change of the commit was read (None
+        for a commit of window output alone: it says nothing about freshness).
+        """
         with self.lock:
             for name, value in delta.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
             self.in_flight = 0
             self.stats.last_commit_us = now
-            self.stats.last_freshness_us = now - first_arrival
+            if first_arrival is not None:
+                self.stats.last_freshness_us = now - first_arrival
 
     def restore(self, saved: Mapping[str, Any]) -> None:
         """The counts as a committed cursor holds them."""

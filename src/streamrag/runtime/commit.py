@@ -370,7 +370,12 @@ def past_versions(docs: Sequence[DocOp], index: VectorIndex) -> int:
 
 
 def observe(
-    metrics: Metrics, done: Committed, index: VectorIndex, *, pending: int, freshness_s: float
+    metrics: Metrics,
+    done: Committed,
+    index: VectorIndex,
+    *,
+    pending: int,
+    freshness_s: float | None,
 ) -> None:
     """A commit in the metrics: counts, batch size and cut, freshness, index size.
 
@@ -385,7 +390,8 @@ def observe(
     m.chunks_embedded.inc(d["chunks_embedded"])
     m.chunks_reused.inc(d["chunks_reused"])
     m.commits.inc()
-    m.freshness.observe(freshness_s)
+    if freshness_s is not None:
+        m.freshness.observe(freshness_s)
     m.epoch.set(done.result.epoch)
     stats = index.stats()
     m.live_chunks.set(stats.live_chunks)

@@ -318,19 +318,18 @@ class CursorKeeper:
         event_time: EventTimeStage,
         stats: Callable[[], dict[str, Any]],
     ) -> Cursor:
-        """The cursor for the commit being made, taken between two polls."""
-        with self.gate.capturing():
-            positions = reader.snapshot()
-            check_forward(self.positions, positions, self.rewind)
-            waiting = batcher.positions()  # the batch being committed has left it
-            self.rewind.positions(positions, waiting)
-            versions = dict(event_time.versions)
-            changed = {
-                w.name: w.operator.snapshot()
-                for w in event_time.windows
-                if versions[w.name] != self._versions.get(w.name)
-            }
-            counts = stats()
+        """The cursor for the commit being made (call it holding ``gate.capturing()``)."""
+        positions = reader.snapshot()
+        check_forward(self.positions, positions, self.rewind)
+        waiting = batcher.positions()  # the batch being committed has left it
+        self.rewind.positions(positions, waiting)
+        versions = dict(event_time.versions)
+        changed = {
+            w.name: w.operator.snapshot()
+            for w in event_time.windows
+            if versions[w.name] != self._versions.get(w.name)
+        }
+        counts = stats()
         self._captured = versions
         return Cursor(
             positions=positions,

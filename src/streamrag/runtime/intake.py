@@ -27,6 +27,7 @@ from streamrag.ingest import DeadLetter
 from streamrag.runtime.accounting import Ledger
 from streamrag.runtime.cursor import CursorKeeper
 from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.outbox import Outbox
 from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink
 from streamrag.runtime.stages import change_letter as _letter
 from streamrag.sources.base import RawBatch, SourceReader
@@ -61,12 +62,12 @@ class Intake:
         keeper: CursorKeeper,
         metrics: Metrics,
         clock: Clock,
-        on_window: list[WindowHook],
+        outbox: Outbox,
         max_read_bytes: int,
     ) -> None:
         self.reader, self.batcher, self.ledger, self.keeper = reader, batcher, ledger, keeper
         self.decode, self.chunk, self.windows, self.letters = decode, chunk, windows, letters
-        self.metrics, self.clock, self.on_window = metrics, clock, on_window
+        self.metrics, self.clock, self.outbox = metrics, clock, outbox
         self.max_read_bytes = max_read_bytes
         self.paused_polls = 0  # polls skipped because the batcher was full
         self.drained = False
@@ -183,14 +184,15 @@ class Intake:
 
     def finish_event_time(self) -> int:
         """End of a bounded input: the watermark goes to +inf and every window fires."""
-        out = self.event_time.finish()
-        self._route_windows(out, None)
+        with self.keeper.gate.polling():
+            out = self.event_time.finish()
+            self._route_windows(out, None)
         return len(out.results)
 
     def _route_windows(
         self, out: StageOutput, changes: ChangeBatch | None, letters: Sequence[DeadLetter] = ()
     ) -> None:
-        """Window results to hooks and metrics, side outputs to the dead-letter store."""
+        """Window results and side outputs to the outbox; the watermark to the batcher."""
         wm = self.event_time.watermark
         self.batcher.set_watermark(wm)
         m = self.metrics
@@ -199,8 +201,6 @@ class Intake:
             m.watermark_lag.set(max(0, self.clock.now_us() - wm) / US_PER_S)
         for name, result in out.results:
             m.window_results.labels(window=name, timing=result.timing.value).inc()
-            for hook in self.on_window:
-                hook(name, result)
         for name, _ in out.late:
             m.window_late.labels(window=name).inc()
         self.ledger.add(
@@ -209,4 +209,4 @@ class Intake:
             window_invalid=len(out.invalid),
             window_errors=sum(1 for x in letters if x.stage == "window-error"),
         )
-        self.letters.side_output(list(letters))
+        self.outbox.hold(out.results, letters)  # released with the commit that covers them

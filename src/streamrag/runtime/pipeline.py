@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from streamrag.batching import MicroBatcher, PendingBatch
+from streamrag.changes import ChangeBatch
 from streamrag.chunking import TokenSplitter
 from streamrag.embed.base import Embedder
 from streamrag.embed.resilient import RetryPolicy
@@ -43,6 +44,7 @@ from streamrag.runtime.commit import Committer, Embedding, observe
 from streamrag.runtime.cursor import CURSOR_FORMAT, Cursor, CursorKeeper
 from streamrag.runtime.intake import Intake, WindowHook
 from streamrag.runtime.metrics import Metrics
+from streamrag.runtime.outbox import Outbox, Sealed
 from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink, Prepared
 from streamrag.sources.base import Source
 from streamrag.timing import US_PER_S, Clock, Timestamp
@@ -111,6 +113,8 @@ class Pipeline:
             index, self.embedding, history=history, store_letters=self.letters.refused
         )
         self.on_commit, self.on_window = list(on_commit), list(on_window)
+        self.outbox = Outbox(self.on_window, self.letters.side_output)
+        self._sealed: Sealed | None = None  # the output of the commit being made
         self.intake = Intake(
             reader=self.reader,
             batcher=self.batcher,
@@ -122,7 +126,7 @@ class Pipeline:
             keeper=self.keeper,
             metrics=self.metrics,
             clock=clock,
-            on_window=self.on_window,
+            outbox=self.outbox,
             max_read_bytes=max_read_bytes,
         )
         self.commit_interval_us = commit_interval_ms * 1000
@@ -138,7 +142,13 @@ class Pipeline:
         return self.ledger.stats
 
     def _capture(self) -> Cursor:
-        return self.keeper.capture(self.reader, self.batcher, self.event_time, self.ledger.snapshot)
+        """The cursor, and the window output it covers (:mod:`.outbox`), between two polls."""
+        with self.keeper.gate.capturing():
+            cursor = self.keeper.capture(
+                self.reader, self.batcher, self.event_time, self.ledger.snapshot
+            )
+            self._sealed = self.outbox.seal()
+        return cursor
 
     @property
     def event_time(self) -> EventTimeStage:
@@ -199,24 +209,38 @@ class Pipeline:
                 self.ledger.in_flight = sum(len(t.changes) for t in taken)
             self._commit(PendingBatch.merge(taken))
             done += 1
+        now = self.clock.now_us()
+        in_time = self._stop_at is None or now < self._stop_at
+        if not done and not batcher.pending and self.outbox.waiting and in_time:
+            # Window output with no change to commit (fired by time alone): a commit of
+            # its own, with no documents, makes the state that fired it durable.
+            self._commit(PendingBatch(ChangeBatch.empty(), first_arrival_us=now, reason="windows"))
+            done += 1
         return done
 
     def _commit(self, pending: PendingBatch) -> None:
         step = self.batcher.target_size if self.commit_interval_us else 0
+        self._sealed = None
         try:
             done = self.committer.apply(pending, self._capture, step)
         except BaseException:  # nothing is lost: the batch goes back to the front
             with self.ledger.moving():
-                self.batcher.put_back(pending)
+                if len(pending.changes):
+                    self.batcher.put_back(pending)
                 self.ledger.in_flight = 0
+            if self._sealed is not None:
+                self.outbox.put_back(self._sealed)
             raise
         self.keeper.committed(done.cursor)
         now = self._last_commit_at = self.clock.now_us()
-        self.ledger.committed(done.delta, now, pending.first_arrival_us)  # applied or refused
-        fresh_s = (now - pending.first_arrival_us) / US_PER_S
+        arrived = pending.first_arrival_us if len(pending.changes) else None
+        self.ledger.committed(done.delta, now, arrived)  # applied or refused
+        fresh_s = None if arrived is None else (now - arrived) / US_PER_S
         observe(self.metrics, done, self.index, pending=self.batcher.pending, freshness_s=fresh_s)
         for hook in self.on_commit:  # after the commit: a failing hook cannot undo it
             hook(done.batch, done.result)
+        if self._sealed:
+            self.outbox.release(self._sealed)
 
     def stop_by(self, deadline_us: Timestamp) -> None:
         """Stop gracefully: flushes commit small batches until ``deadline_us``, then no more.
@@ -234,6 +258,8 @@ class Pipeline:
     def wait_us(self) -> Timestamp | None:
         """Processing time until a commit is due (0 if one is), or None with nothing waiting."""
         wait = self.batcher.wait_us()
+        if wait is None and self.outbox.waiting:
+            wait = 0  # window output waits for a commit
         return None if wait is None else max(wait, self._interval_left())
 
     def run_until_caught_up(self, *, final: bool = True) -> None:
