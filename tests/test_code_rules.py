@@ -112,3 +112,25 @@ def test_the_rules_see_what_they_forbid() -> None:
     assert isinstance(raises[0].exc, ast.Call)
     assert isinstance(raises[0].exc.func, ast.Name)
     assert raises[0].exc.func.id == "ValueError"
+
+
+MAX_FILE_LINES = 700
+MAX_FUNCTION_LINES = 60
+"""In the packages every change passes through (``runtime``, ``index``): small steps."""
+
+
+def test_files_and_the_functions_of_the_data_path_stay_small() -> None:
+    wrong: list[str] = []
+    for path in _modules():
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(SRC.parent)
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            wrong.append(f"{rel}: {len(text.splitlines())} lines (split it by role)")
+        if _unit(path) not in ("runtime", "index"):
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    wrong.append(f"{rel}:{node.lineno} {node.name}: {length} lines")
+    assert not wrong, "too long:\n" + "\n".join(wrong)

@@ -46,6 +46,7 @@ from streamrag.chunking import chunk_id
 from streamrag.embed.base import Embedder
 from streamrag.embed.resilient import RetryPolicy, embed_resilient
 from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
+from streamrag.index.versions import is_newer, newest_per_doc
 from streamrag.ingest import DeadLetter
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.metrics import Metrics
@@ -151,7 +152,10 @@ def plan(pending: PendingBatch, index: VectorIndex, *, history: bool) -> Plan:
 def _candidates(
     keys: list[tuple[str, str]], times: list[int], offsets: list[int], *, history: bool
 ) -> list[int]:
-    """Rows worth asking the index about: each version once, or the newest per document."""
+    """Rows worth asking the index about: each version once, or the newest per document.
+
+    Which version is newest is the index's rule (:mod:`streamrag.index.versions`).
+    """
     if history:
         seen: set[tuple[tuple[str, str], int, int]] = set()
         out = []
@@ -161,12 +165,7 @@ def _candidates(
                 seen.add(v)
                 out.append(i)
         return out
-    winners: dict[tuple[str, str], int] = {}
-    for i, key in enumerate(keys):
-        j = winners.get(key)
-        if j is None or (times[i], offsets[i]) > (times[j], offsets[j]):
-            winners[key] = i
-    return list(winners.values())
+    return list(newest_per_doc(keys, times, offsets).values())
 
 
 class Embedding:
@@ -363,10 +362,10 @@ def past_versions(docs: Sequence[DocOp], index: VectorIndex) -> int:
         v = (d.event_time, d.offset)
         if key not in newest:
             state = index.doc_state(d.tenant, d.doc_id)
-            newest[key] = v if state is None else max(v, state.version)
-        elif v > newest[key]:
+            newest[key] = state.version if state is not None else v
+        if is_newer(v, newest[key]):
             newest[key] = v
-    return sum(1 for d in docs if (d.event_time, d.offset) < newest[(d.tenant, d.doc_id)])
+    return sum(1 for d in docs if is_newer(newest[(d.tenant, d.doc_id)], (d.event_time, d.offset)))
 
 
 def observe(

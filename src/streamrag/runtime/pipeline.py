@@ -83,12 +83,7 @@ class Pipeline:
         history: bool = True,
         window_side_output: bool = True,
     ) -> None:
-        if embedder.dim != index.dim:
-            msg = (
-                f"the embedder makes {embedder.dim}-dimensional vectors but the index holds "
-                f"{index.dim}; build the index with dim={embedder.dim}"
-            )
-            raise StreamragError(msg)
+        _check_dims(embedder, index)
         self.keeper = CursorKeeper(Cursor.from_mapping(cursor) if cursor else None, resume)
         self.reader = source.build(self.keeper.resume)
         self.embedder, self.index, self.clock = embedder, index, clock
@@ -115,7 +110,18 @@ class Pipeline:
         self.on_commit, self.on_window = list(on_commit), list(on_window)
         self.outbox = Outbox(self.on_window, self.letters.side_output)
         self._sealed: Sealed | None = None  # the output of the commit being made
-        self.intake = Intake(
+        self.intake = self._intake(decoder, splitter, max_read_bytes)
+        self.commit_interval_us = commit_interval_ms * 1000
+        self._last_commit_at: Timestamp | None = None
+        self._stop_at: Timestamp | None = None  # a graceful stop commits until then
+        if self.keeper.cursor is not None:  # counts, watermarks and windows as committed
+            self.ledger.restore(self.keeper.cursor.stats)
+            self.keeper.restore(self.event_time)
+
+    def _intake(
+        self, decoder: Decoder | None, splitter: TokenSplitter | None, max_read_bytes: int
+    ) -> Intake:
+        return Intake(
             reader=self.reader,
             batcher=self.batcher,
             decode=DecodeStage(decoder or Decoder()),
@@ -125,16 +131,10 @@ class Pipeline:
             ledger=self.ledger,
             keeper=self.keeper,
             metrics=self.metrics,
-            clock=clock,
+            clock=self.clock,
             outbox=self.outbox,
             max_read_bytes=max_read_bytes,
         )
-        self.commit_interval_us = commit_interval_ms * 1000
-        self._last_commit_at: Timestamp | None = None
-        self._stop_at: Timestamp | None = None  # a graceful stop commits until then
-        if self.keeper.cursor is not None:  # counts, watermarks and windows as committed
-            self.ledger.restore(self.keeper.cursor.stats)
-            self.keeper.restore(self.event_time)
 
     @property
     def stats(self) -> PipelineStats:
@@ -311,3 +311,12 @@ class Pipeline:
         finally:
             self.reader.close()
             self.letters.close()
+
+
+def _check_dims(embedder: Embedder, index: VectorIndex) -> None:
+    if embedder.dim != index.dim:
+        msg = (
+            f"the embedder makes {embedder.dim}-dimensional vectors but the index holds "
+            f"{index.dim}; build the index with dim={embedder.dim}"
+        )
+        raise StreamragError(msg)
