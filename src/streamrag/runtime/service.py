@@ -112,10 +112,20 @@ class Service:
         """:meth:`retrieve_many`, also returning the query vectors (one unit row per query)."""
         started = time.perf_counter()
         vectors = self.embed_many(queries)
-        epoch, hits = self.index.search_many(vectors, k, flt)
-        self.metrics.query_seconds.observe(time.perf_counter() - started)
-        self.metrics.query_batch.observe(len(queries))
+        epoch, hits = self.search_many(vectors, k, flt)
+        self.observe_query(time.perf_counter() - started, len(queries))
         return epoch, hits, vectors
+
+    def search_many(
+        self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]]]:
+        """The top ``k`` of each query vector in one pinned epoch of the index."""
+        return self.index.search_many(vectors, k, flt)
+
+    def observe_query(self, seconds: float, queries: int) -> None:
+        """Record one batch of ``queries`` answered in ``seconds`` in the metrics."""
+        self.metrics.query_seconds.observe(seconds)
+        self.metrics.query_batch.observe(queries)
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Texts as unit vectors from the job's embedder, checked (``/v1/embeddings``)."""

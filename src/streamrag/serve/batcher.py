@@ -28,15 +28,39 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from streamrag.index.base import Hit, SearchFilter
-from streamrag.runtime.service import Service
 
-__all__ = ["QueryBatcher", "Retrieved"]
+__all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
+
+
+class Retrieval(Protocol):
+    """What answering queries takes: embed them, search one epoch, record the time taken.
+
+    :class:`~streamrag.runtime.service.Service` is one; a test can pass anything
+    with these three methods.
+    """
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Queries as unit vectors, one row each."""
+        ...
+
+    def search_many(
+        self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]]]:
+        """The top ``k`` of each query vector in one pinned epoch: ``(epoch, hits)``."""
+        ...
+
+    def observe_query(self, seconds: float, queries: int) -> None:
+        """Record one batch of ``queries`` answered in ``seconds``."""
+        ...
+
 
 _HOLD_POLL_S = 0.001
 Retrieved = tuple[int, list[Hit], npt.NDArray[np.float32]]
@@ -57,14 +81,14 @@ class QueryBatcher:
 
     def __init__(
         self,
-        service: Service,
+        retrieval: Retrieval,
         *,
         max_batch: int = 64,
         max_wait_ms: float = 2.0,
         workers: int = 2,
         min_parallel_batch: int = 1,
     ) -> None:
-        self.service = service
+        self.retrieval = retrieval
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
@@ -142,10 +166,10 @@ class QueryBatcher:
                 return
 
     def _answer(self, batch: list[_Request]) -> None:
-        service = self.service
+        retrieval = self.retrieval
         started = time.perf_counter()
         try:
-            vectors = service.embed_many([r.query for r in batch])
+            vectors = retrieval.embed_many([r.query for r in batch])
         except Exception as exc:  # delivered to each waiting request
             for r in batch:
                 r.loop.call_soon_threadsafe(_fail, r.future, exc)
@@ -155,7 +179,7 @@ class QueryBatcher:
             groups[(req.k, req.flt)].append(i)
         for (k, flt), rows in groups.items():
             try:
-                epoch, hits = service.index.search_many(vectors[rows], k, flt)
+                epoch, hits = retrieval.search_many(vectors[rows], k, flt)
             except Exception as exc:  # an epoch or as_of outside history, for this group
                 for i in rows:
                     batch[i].loop.call_soon_threadsafe(_fail, batch[i].future, exc)
@@ -163,8 +187,7 @@ class QueryBatcher:
             for i, h in zip(rows, hits, strict=True):
                 r = batch[i]
                 r.loop.call_soon_threadsafe(_resolve, r.future, (epoch, h, vectors[i]))
-        service.metrics.query_seconds.observe(time.perf_counter() - started)
-        service.metrics.query_batch.observe(len(batch))
+        retrieval.observe_query(time.perf_counter() - started, len(batch))
 
 
 def _resolve(fut: asyncio.Future[Retrieved], value: Retrieved) -> None:
