@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.changes import Op
-from streamrag.errors import QueryError
+from streamrag.errors import IndexStoreError, QueryError
 from streamrag.timing import Timestamp, format_timestamp
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ __all__ = [
     "SupportsHealth",
     "SupportsRollback",
     "VectorIndex",
+    "check_commit",
     "check_queries",
     "merge_cursor",
 ]
@@ -350,6 +351,16 @@ class ReportsRebuild(Protocol):
 
     rebuilt: dict[str, str] | None
     """None, or why it was rebuilt: ``reason``, ``damaged_file`` and ``moved_to``."""
+
+
+def check_commit(batch: CommitBatch, dim: int) -> None:
+    """Refuse a commit whose vectors do not match its chunks and the index's dimension."""
+    if batch.vectors.shape != (len(batch.texts), dim):
+        msg = (
+            f"commit carries vectors of shape {batch.vectors.shape} for "
+            f"{len(batch.texts)} chunks; expected ({len(batch.texts)}, {dim})"
+        )
+        raise IndexStoreError(msg)
 
 
 def check_queries(queries: npt.NDArray[np.float32], dim: int, k: int) -> npt.NDArray[np.float32]:

@@ -35,6 +35,7 @@ from streamrag.index.base import (
     Hit,
     IndexStats,
     SearchFilter,
+    check_commit,
     check_queries,
     merge_cursor,
 )
@@ -237,12 +238,7 @@ class ExactIndex:
 
     def commit(self, batch: CommitBatch) -> CommitResult:
         """Apply a micro-batch and publish the next epoch."""
-        if batch.vectors.shape != (len(batch.texts), self._dim):
-            msg = (
-                f"commit carries vectors of shape {batch.vectors.shape} for "
-                f"{len(batch.texts)} chunks; expected ({len(batch.texts)}, {self._dim})"
-            )
-            raise IndexStoreError(msg)
+        check_commit(batch, self._dim)
         epoch = self._snapshot.epoch + 1
         docs = self._docs
         alive = self._alive

@@ -24,7 +24,14 @@ import numpy.typing as npt
 
 from streamrag.changes import Op
 from streamrag.errors import IndexStoreError
-from streamrag.index.base import CommitBatch, CommitResult, DocOp, DocState, merge_cursor
+from streamrag.index.base import (
+    CommitBatch,
+    CommitResult,
+    DocOp,
+    DocState,
+    check_commit,
+    merge_cursor,
+)
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.pending import PendingRows
 from streamrag.index.segment import NEVER, Rows
@@ -61,12 +68,7 @@ class LsmWriter(LsmState):
 
     def commit(self, batch: CommitBatch) -> CommitResult:
         """Log the micro-batch, apply it and publish the next epoch."""
-        if batch.vectors.shape != (len(batch.texts), self._dim):
-            msg = (
-                f"commit carries vectors of shape {batch.vectors.shape} for "
-                f"{len(batch.texts)} chunks; expected ({len(batch.texts)}, {self._dim})"
-            )
-            raise IndexStoreError(msg)
+        check_commit(batch, self._dim)
         with self._lock:
             if self._maintenance.closed:
                 msg = "the index is closed; open it again to commit"
