@@ -7,10 +7,11 @@ The data path, stage by stage (each stage is a subpackage or module)::
     ③ eventtime/    watermarks: how far event time has progressed
     ④ (partition)   semantic key → shard                       (planned)
     ⑤ chunking/     split documents; stable chunk ids; content hashes
-    ⑥ batching.py   micro-batches by size and processing-time deadline
+    ⑥ batching/     micro-batches by size, tokens, deadline and watermark
     ⑦ embed/        texts → unit vectors, in batches (MiniLM, hashing, yours)
     ⑧ index/        versioned vector index: one epoch per micro-batch
-    ⑨ runtime/      the pipeline that wires ①–⑧, the thread that runs it, metrics
+    ⑨ runtime/      wires ①–⑧: intake.py reads through stages.py, commit.py makes
+                    each micro-batch one epoch with its cursor.py; threads, metrics
     ⑩ serve/        HTTP API: retrieve, answers (cache, context, LLM), OpenAI-compatible
     ⑪ (feedback)    clicks → rerank weights                     (planned)
 
