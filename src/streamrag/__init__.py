@@ -10,7 +10,7 @@ The data path, stage by stage (each stage is a subpackage or module)::
     ⑥ batching/     micro-batches by size, tokens, deadline and watermark
     ⑦ embed/        texts → unit vectors, in batches (MiniLM, hashing, yours)
     ⑧ index/        versioned vector index: one epoch per micro-batch
-    ⑨ runtime/      wires ①–⑧: intake.py reads through stages.py, commit.py makes
+    ⑨ runtime/      wires ①–⑧: intake.py reads through stages.py, flush.py + commit.py make
                     each micro-batch one epoch with its cursor.py; threads, metrics
     ⑩ serve/        HTTP API: retrieve, answers (cache, context, LLM), OpenAI-compatible
     ⑪ (feedback)    clicks → rerank weights                     (planned)

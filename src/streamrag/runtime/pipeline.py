@@ -12,9 +12,9 @@ so that the next batch is decoded and chunked while one embeds:
 
 * :meth:`Pipeline.poll` — the reading half (:mod:`.intake`): the stages up to
   the batcher, reading nothing while the batcher is full (backpressure);
-* :meth:`Pipeline.flush` — the committing half (:mod:`.commit`, whose
-  docstring explains exactly-once): every micro-batch that is due becomes one
-  epoch, its cursor (:mod:`.cursor`) in the same log record.
+* :meth:`Pipeline.flush` — the committing half (:mod:`.flush`): every
+  micro-batch that is due becomes one epoch (:mod:`.commit`, whose docstring
+  explains exactly-once), its cursor (:mod:`.cursor`) in the same log record.
 
 Time comes only from the injected :class:`~streamrag.timing.Clock`.
 
@@ -30,8 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from streamrag.batching import MicroBatcher, PendingBatch
-from streamrag.changes import ChangeBatch
+from streamrag.batching import MicroBatcher
 from streamrag.chunking import TokenSplitter
 from streamrag.embed.base import Embedder
 from streamrag.embed.resilient import RetryPolicy
@@ -40,14 +39,15 @@ from streamrag.eventtime import EventTimeStage, WatermarkTracker
 from streamrag.index.base import CommitBatch, CommitResult, VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.runtime.accounting import Ledger, PipelineStats
-from streamrag.runtime.commit import Committer, Embedding, observe
+from streamrag.runtime.commit import Committer, Embedding
 from streamrag.runtime.cursor import CURSOR_FORMAT, Cursor, CursorKeeper
+from streamrag.runtime.flush import Flusher
 from streamrag.runtime.intake import Intake, WindowHook
 from streamrag.runtime.metrics import Metrics
-from streamrag.runtime.outbox import Outbox, Sealed
+from streamrag.runtime.outbox import Outbox
 from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink, Prepared
 from streamrag.sources.base import Source
-from streamrag.timing import US_PER_S, Clock, Timestamp
+from streamrag.timing import Clock, Timestamp
 
 __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
 
@@ -109,11 +109,8 @@ class Pipeline:
         )
         self.on_commit, self.on_window = list(on_commit), list(on_window)
         self.outbox = Outbox(self.on_window, self.letters.side_output)
-        self._sealed: Sealed | None = None  # the output of the commit being made
         self.intake = self._intake(decoder, splitter, max_read_bytes)
-        self.commit_interval_us = commit_interval_ms * 1000
-        self._last_commit_at: Timestamp | None = None
-        self._stop_at: Timestamp | None = None  # a graceful stop commits until then
+        self.flusher = Flusher(self, commit_interval_ms)
         if self.keeper.cursor is not None:  # counts, watermarks and windows as committed
             self.ledger.restore(self.keeper.cursor.stats)
             self.keeper.restore(self.event_time)
@@ -140,15 +137,6 @@ class Pipeline:
     def stats(self) -> PipelineStats:
         """The running counts (read them with :meth:`counts` from another thread)."""
         return self.ledger.stats
-
-    def _capture(self) -> Cursor:
-        """The cursor, and the window output it covers (:mod:`.outbox`), between two polls."""
-        with self.keeper.gate.capturing():
-            cursor = self.keeper.capture(
-                self.reader, self.batcher, self.event_time, self.ledger.snapshot
-            )
-            self._sealed = self.outbox.seal()
-        return cursor
 
     @property
     def event_time(self) -> EventTimeStage:
@@ -186,81 +174,16 @@ class Pipeline:
     # -- committing: batcher → plan → embed → one WAL record ----------------------
 
     def flush(self, *, force: bool = False) -> int:
-        """Commit every batch that is due (every pending one if ``force``). Returns commits.
-
-        With ``commit_interval_ms``, due batches wait until that long after the
-        previous commit (or until the batcher is full) and are committed as one epoch.
-        """
-        done = 0
-        batcher = self.batcher
-        while batcher.pending and (force or batcher.due()):
-            if not force and self._interval_left() > 0 and not batcher.full:
-                break
-            cap = None
-            if self._stop_at is not None:
-                if self.clock.now_us() >= self._stop_at:
-                    break  # the rest is read again on restart
-                cap = max(1, int(self.embedding.rate * 0.5)) if self.embedding.rate else 16
-            # From waiting to being embedded in one step: never in neither place or both.
-            with self.ledger.moving():
-                taken = [batcher.take(cap)]
-                while self.commit_interval_us and batcher.pending and (force or batcher.due()):
-                    taken.append(batcher.take())
-                self.ledger.in_flight = sum(len(t.changes) for t in taken)
-            self._commit(PendingBatch.merge(taken))
-            done += 1
-        now = self.clock.now_us()
-        in_time = self._stop_at is None or now < self._stop_at
-        if not done and not batcher.pending and self.outbox.waiting and in_time:
-            # Window output with no change to commit (fired by time alone): a commit of
-            # its own, with no documents, makes the state that fired it durable.
-            self._commit(PendingBatch(ChangeBatch.empty(), first_arrival_us=now, reason="windows"))
-            done += 1
-        return done
-
-    def _commit(self, pending: PendingBatch) -> None:
-        step = self.batcher.target_size if self.commit_interval_us else 0
-        self._sealed = None
-        try:
-            done = self.committer.apply(pending, self._capture, step)
-        except BaseException:  # nothing is lost: the batch goes back to the front
-            with self.ledger.moving():
-                if len(pending.changes):
-                    self.batcher.put_back(pending)
-                self.ledger.in_flight = 0
-            if self._sealed is not None:
-                self.outbox.put_back(self._sealed)
-            raise
-        self.keeper.committed(done.cursor)
-        now = self._last_commit_at = self.clock.now_us()
-        arrived = pending.first_arrival_us if len(pending.changes) else None
-        self.ledger.committed(done.delta, now, arrived)  # applied or refused
-        fresh_s = None if arrived is None else (now - arrived) / US_PER_S
-        observe(self.metrics, done, self.index, pending=self.batcher.pending, freshness_s=fresh_s)
-        for hook in self.on_commit:  # after the commit: a failing hook cannot undo it
-            hook(done.batch, done.result)
-        if self._sealed:
-            self.outbox.release(self._sealed)
+        """Commit every batch that is due (every pending one if ``force``). Returns commits."""
+        return self.flusher.flush(force=force)
 
     def stop_by(self, deadline_us: Timestamp) -> None:
-        """Stop gracefully: flushes commit small batches until ``deadline_us``, then no more.
-
-        What is still waiting then is uncommitted: the last commit's cursor lists
-        it and a restart reads it again.
-        """
-        self._stop_at = deadline_us
-
-    def _interval_left(self) -> int:
-        if not self.commit_interval_us or self._last_commit_at is None:
-            return 0
-        return max(0, self._last_commit_at + self.commit_interval_us - self.clock.now_us())
+        """Stop gracefully: commit small batches until ``deadline_us``, then no more."""
+        self.flusher.stop_by(deadline_us)
 
     def wait_us(self) -> Timestamp | None:
         """Processing time until a commit is due (0 if one is), or None with nothing waiting."""
-        wait = self.batcher.wait_us()
-        if wait is None and self.outbox.waiting:
-            wait = 0  # window output waits for a commit
-        return None if wait is None else max(wait, self._interval_left())
+        return self.flusher.wait_us()
 
     def run_until_caught_up(self, *, final: bool = True) -> None:
         """Read the source to its current end and commit everything (a bounded replay)."""
@@ -303,7 +226,7 @@ class Pipeline:
         """Commit what is pending (until the :meth:`stop_by` deadline) and release the files."""
         try:
             self.flush(force=True)
-            if self._stop_at is not None and self.batcher.pending:
+            if self.flusher.stopping and self.batcher.pending:
                 log.info(
                     "stopped with %d changes not yet embedded; they are read again on restart",
                     self.batcher.pending,

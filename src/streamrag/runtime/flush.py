@@ -1,0 +1,133 @@
+"""The committing half of the pipeline: due micro-batches out of the batcher, one epoch each.
+
+:meth:`Flusher.flush` takes what the batcher says is due (size, deadline,
+watermark, tick), groups it for ``commit_interval_ms`` if set, and hands each
+batch to the :class:`~.commit.Committer`, whose docstring says why a commit is
+exactly once. A failed commit puts its batch back at the front of the batcher
+and its window output back in the outbox: nothing is lost, and the next flush
+tries again. After :meth:`Flusher.stop_by` it commits small batches (about half
+a second of embedding each) until the deadline and then stops; what is left is
+uncommitted, and a restart reads it again. Window output that waits with no
+change to commit gets a commit of its own, with no documents (:mod:`.outbox`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamrag.batching import PendingBatch
+from streamrag.changes import ChangeBatch
+from streamrag.runtime.commit import observe
+from streamrag.runtime.cursor import Cursor
+from streamrag.runtime.outbox import Sealed
+from streamrag.timing import US_PER_S, Timestamp
+
+if TYPE_CHECKING:
+    from streamrag.runtime.pipeline import Pipeline
+
+__all__ = ["Flusher"]
+
+
+class Flusher:
+    """Commits what the batcher has due, on the pipeline's parts."""
+
+    def __init__(self, pipeline: Pipeline, commit_interval_ms: int = 0) -> None:
+        self.p = pipeline
+        self.commit_interval_us = commit_interval_ms * 1000
+        self._last_commit_at: Timestamp | None = None
+        self._stop_at: Timestamp | None = None  # a graceful stop commits until then
+        self._sealed: Sealed | None = None  # the window output of the commit being made
+
+    @property
+    def stopping(self) -> bool:
+        """True after :meth:`stop_by`."""
+        return self._stop_at is not None
+
+    def flush(self, *, force: bool = False) -> int:
+        """Commit every batch that is due (every pending one if ``force``). Returns commits.
+
+        With ``commit_interval_ms``, due batches wait until that long after the
+        previous commit (or until the batcher is full) and are committed as one epoch.
+        """
+        p = self.p
+        done = 0
+        batcher = p.batcher
+        while batcher.pending and (force or batcher.due()):
+            if not force and self._interval_left() > 0 and not batcher.full:
+                break
+            cap = None
+            if self._stop_at is not None:
+                if p.clock.now_us() >= self._stop_at:
+                    break  # the rest is read again on restart
+                cap = max(1, int(p.embedding.rate * 0.5)) if p.embedding.rate else 16
+            # From waiting to being embedded in one step: never in neither place or both.
+            with p.ledger.moving():
+                taken = [batcher.take(cap)]
+                while self.commit_interval_us and batcher.pending and (force or batcher.due()):
+                    taken.append(batcher.take())
+                p.ledger.in_flight = sum(len(t.changes) for t in taken)
+            self._commit(PendingBatch.merge(taken))
+            done += 1
+        now = p.clock.now_us()
+        in_time = self._stop_at is None or now < self._stop_at
+        if not done and not batcher.pending and p.outbox.waiting and in_time:
+            # Window output with no change to commit (fired by time alone): a commit of
+            # its own, with no documents, makes the state that fired it durable.
+            self._commit(PendingBatch(ChangeBatch.empty(), first_arrival_us=now, reason="windows"))
+            done += 1
+        return done
+
+    def _commit(self, pending: PendingBatch) -> None:
+        p = self.p
+        step = p.batcher.target_size if self.commit_interval_us else 0
+        self._sealed = None
+        try:
+            done = p.committer.apply(pending, self._capture, step)
+        except BaseException:  # nothing is lost: the batch goes back to the front
+            with p.ledger.moving():
+                if len(pending.changes):
+                    p.batcher.put_back(pending)
+                p.ledger.in_flight = 0
+            if self._sealed is not None:
+                p.outbox.put_back(self._sealed)
+            raise
+        p.keeper.committed(done.cursor)
+        now = self._last_commit_at = p.clock.now_us()
+        arrived = pending.first_arrival_us if len(pending.changes) else None
+        p.ledger.committed(done.delta, now, arrived)  # applied or refused
+        fresh_s = None if arrived is None else (now - arrived) / US_PER_S
+        observe(p.metrics, done, p.index, pending=p.batcher.pending, freshness_s=fresh_s)
+        for hook in p.on_commit:  # after the commit: a failing hook cannot undo it
+            hook(done.batch, done.result)
+        if self._sealed:
+            p.outbox.release(self._sealed)
+
+    def stop_by(self, deadline_us: Timestamp) -> None:
+        """Stop gracefully: flushes commit small batches until ``deadline_us``, then no more.
+
+        What is still waiting then is uncommitted: the last commit's cursor lists
+        it and a restart reads it again.
+        """
+        self._stop_at = deadline_us
+
+    def _interval_left(self) -> int:
+        p = self.p
+        if not self.commit_interval_us or self._last_commit_at is None:
+            return 0
+        return max(0, self._last_commit_at + self.commit_interval_us - p.clock.now_us())
+
+    def wait_us(self) -> Timestamp | None:
+        """Processing time until a commit is due (0 if one is), or None with nothing waiting."""
+        p = self.p
+        wait = p.batcher.wait_us()
+        if wait is None and p.outbox.waiting:
+            wait = 0  # window output waits for a commit
+        return None if wait is None else max(wait, self._interval_left())
+
+    def _capture(self) -> Cursor:
+        """The cursor, and the window output it covers (:mod:`.outbox`), between two polls."""
+        p = self.p
+        with p.keeper.gate.capturing():
+            cursor = p.keeper.capture(p.reader, p.batcher, p.event_time, p.ledger.snapshot)
+            self._sealed = p.outbox.seal()
+        return cursor
