@@ -181,6 +181,8 @@ class ScriptedSource:
     lines: list[ScriptItem] = field(default_factory=list)
     fired: set[int] = field(default_factory=set, repr=False, compare=False)
     """Positions of the ``CRASH`` markers that have fired: each fires once."""
+    acked: list[tuple[int, tuple[int, ...]]] = field(default_factory=list, compare=False)
+    """What each commit acknowledged: (position, offsets still waiting), in order."""
 
     def push(self, *items: str | bytes | Mapping[str, Any] | Marker | Watermark) -> None:
         """Append lines and markers; a mapping is written as JSON."""
@@ -295,6 +297,12 @@ class ScriptedReader:
             if isinstance(item, bytes):
                 total += len(item)
         return total
+
+    def committed(self, positions: Mapping[str, int], waiting: Mapping[str, Sequence[int]]) -> None:
+        """Record what a commit acknowledged (as ``AcknowledgesCommits`` readers do)."""
+        name = self._spec.name
+        if name in positions:
+            self._spec.acked.append((positions[name], tuple(waiting.get(name, ()))))
 
     def close(self) -> None:
         """Nothing to release."""

@@ -563,3 +563,70 @@ def test_a_global_window_with_a_count_trigger_runs_from_settings(
     src.push(*(change_line(f"d{i}", 1_704_067_200 + i, f"e {i}") for i in range(7)))
     p.run_until_caught_up(final=False)
     assert fired == [3, 6]  # accumulating: the count so far, at every third change
+
+
+def test_a_source_hears_what_each_commit_made_durable_and_nothing_before(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    src = ScriptedSource()
+    emb = FlakyEmbedder()
+    p = pipeline_factory(src, embedder=emb, max_batch_size=100, max_delay_ms=1000)
+    src.push(*(change_line(f"d{i}", T0, f"text {i}") for i in range(3)))
+    p.poll()
+    assert p.flush() == 0  # not due yet: nothing is durable, nothing acknowledged
+    assert src.acked == []
+    with pytest.raises(EmbedderError):
+        p.flush(force=True)  # the embedder fails: no commit, no acknowledgement
+    assert src.acked == []
+    emb.fail = False
+    src.push(change_line("d9", T0, "later"))
+    assert p.flush(force=True) == 1
+    assert src.acked == [(3, ())]  # the three committed; d9 is not read yet
+    p.poll()
+    clock.advance_ms(1000)
+    assert p.flush() == 1
+    assert src.acked[-1] == (4, ())
+
+
+def test_a_failing_acknowledgement_never_undoes_a_commit(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    class Refusing(ScriptedSource):
+        def build(self, resume=None):  # type: ignore[no-untyped-def]
+            reader = super().build(resume)
+
+            def refuse(positions, waiting):  # type: ignore[no-untyped-def]
+                raise ConnectionError("the queue is away")
+
+            reader.committed = refuse  # type: ignore[method-assign]
+            return reader
+
+    src = Refusing()
+    p = pipeline_factory(src)
+    src.push(change_line("d1", T0, "one"))
+    p.run_until_caught_up()
+    assert p.index.epoch == 1
+    assert p.stats.applied == 1
+    assert p.flusher.ack_errors == 1
+
+
+def test_an_acknowledgement_leaves_out_the_changes_still_waiting(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    """Three ops changes fill a batch; two hr changes wait: they are read, not durable."""
+    from streamrag.batching import PartitionKey
+
+    src = ScriptedSource()
+    p = pipeline_factory(
+        src, max_batch_size=3, max_delay_ms=10_000, partition=PartitionKey(("domain",))
+    )
+    src.push(
+        change_line("o1", T0, "a", domain="ops"),
+        change_line("h1", T0, "b", domain="hr"),
+        change_line("o2", T0, "c", domain="ops"),
+        change_line("h2", T0, "d", domain="hr"),
+        change_line("o3", T0, "e", domain="ops"),
+    )
+    p.poll()
+    assert p.flush() == 1  # the full ops batch
+    assert src.acked == [(5, (1, 3))]  # every position below 5, except the waiting hr ones

@@ -13,6 +13,7 @@ change to commit gets a commit of its own, with no documents (:mod:`.outbox`).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from streamrag.batching import PendingBatch
@@ -20,12 +21,15 @@ from streamrag.changes import ChangeBatch
 from streamrag.runtime.commit import observe
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.outbox import Sealed
+from streamrag.sources.base import AcknowledgesCommits
 from streamrag.timing import US_PER_S, Timestamp
 
 if TYPE_CHECKING:
     from streamrag.runtime.pipeline import Pipeline
 
 __all__ = ["Flusher"]
+
+log = logging.getLogger("streamrag.pipeline")
 
 
 class Flusher:
@@ -37,6 +41,8 @@ class Flusher:
         self._last_commit_at: Timestamp | None = None
         self._stop_at: Timestamp | None = None  # a graceful stop commits until then
         self._sealed: Sealed | None = None  # the window output of the commit being made
+        self.ack_errors = 0
+        """Acknowledgements a source refused (each is repeated by the next commit)."""
 
     @property
     def stopping(self) -> bool:
@@ -101,6 +107,18 @@ class Flusher:
             hook(done.batch, done.result)
         if self._sealed:
             p.outbox.release(self._sealed)
+        self._acknowledge(done.cursor)
+
+    def _acknowledge(self, cursor: Cursor) -> None:
+        """Tell a source that acknowledges commits what this one made durable."""
+        reader = self.p.reader
+        if not isinstance(reader, AcknowledgesCommits):
+            return
+        try:
+            reader.committed(cursor.positions, cursor.pending)
+        except Exception:  # durable already; the next commit acknowledges it again
+            self.ack_errors += 1
+            log.exception("the source could not acknowledge epoch %d", self.p.index.epoch)
 
     def stop_by(self, deadline_us: Timestamp) -> None:
         """Stop gracefully: flushes commit small batches until ``deadline_us``, then no more.

@@ -25,13 +25,13 @@ such a claim on in :attr:`RawBatch.watermark`. (Not to be confused with Kafka's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from streamrag.timing import Timestamp
 
-__all__ = ["RawBatch", "Source", "SourceReader"]
+__all__ = ["AcknowledgesCommits", "RawBatch", "Source", "SourceReader"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,29 @@ class SourceReader(Protocol):
 
     def close(self) -> None:
         """Release files and connections."""
+        ...
+
+
+@runtime_checkable
+class AcknowledgesCommits(Protocol):
+    """A reader whose system wants to hear what streamrag has committed.
+
+    streamrag's own resume position is the cursor in its write-ahead log, so
+    exactly-once never depends on this call. But a queue keeps unacknowledged
+    messages for redelivery (NATS JetStream, Redis Streams), a database keeps
+    its log until a replication slot is confirmed (PostgreSQL), and a consumer
+    group's lag is watched in Kafka's own offsets. After every commit the
+    pipeline tells the reader: in each partition, every record below
+    ``positions[p]`` is applied or dead-lettered, except those whose offsets
+    are in ``waiting[p]`` (read, but in a later micro-batch). Acknowledge
+    exactly those; the call repeats the whole state each time, so a failed
+    acknowledgement is made good by the next one. It runs on the committing
+    thread, after the commit is durable: an error is logged and counted, never
+    undoes the commit.
+    """
+
+    def committed(self, positions: Mapping[str, int], waiting: Mapping[str, Sequence[int]]) -> None:
+        """Acknowledge what the last commit made durable (see the class docstring)."""
         ...
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from streamrag.sources.base import RawBatch, SourceReader
+from streamrag.sources.base import AcknowledgesCommits, RawBatch, SourceReader
 from streamrag.sources.files import JsonlSource
 
 __all__ = ["MultiSource", "MultiSourceReader"]
@@ -48,6 +48,12 @@ class MultiSourceReader:
             # A batch may carry only a watermark, and no lines.
             budget -= sum(b.end_offset - b.offsets[0] for b in got if b.offsets)
         return out
+
+    def committed(self, positions: Mapping[str, int], waiting: Mapping[str, Sequence[int]]) -> None:
+        """Pass the last commit on to every reader that acknowledges commits."""
+        for reader in self.readers:
+            if isinstance(reader, AcknowledgesCommits):
+                reader.committed(positions, waiting)
 
     def snapshot(self) -> dict[str, int]:
         """Resume position of every partition of every source."""
