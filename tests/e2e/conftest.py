@@ -30,16 +30,6 @@ def rss_mib(pid: int) -> float:
     raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
-def stop_process(proc: subprocess.Popen[Any]) -> None:
-    """SIGTERM a process this test started; SIGKILL it if it is not gone within 60 s."""
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -11,19 +11,17 @@ fast as the embedder allows. ``/v1/status`` says so while it happens.
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, rss_mib, stop_process, wait_for
+from tests.e2e.conftest import Server, rss_mib
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +55,11 @@ def _writer(path: Path, stop: threading.Event, written: list[int]) -> None:
             stop.wait(0.2)  # up to 2,500 changes (2.5 MB) a second
 
 
-def test_a_slow_embedder_pauses_the_source_and_memory_stays_bounded(tmp_path: Path) -> None:
+def test_a_slow_embedder_pauses_the_source_and_memory_stays_bounded(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
     data = tmp_path / "changes.jsonl"
     data.touch()
-    port = free_port()
     cfg = tmp_path / "job.yaml"
     cfg.write_text(
         f"""
@@ -73,35 +72,25 @@ index: {{retention_s: 1}}
 """,
         encoding="utf-8",
     )
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrag", "run", str(cfg), "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    server = start_server("run", str(cfg))
+    proc, http = server.proc, server.http
     stop = threading.Event()
     written = [0]
     writer = threading.Thread(target=_writer, args=(data, stop, written), daemon=True)
     try:
-        wait_for(lambda: http.get("/healthz").status_code == 200, 60, "the server")
+        server.wait_ready(60)
         writer.start()
         started = time.monotonic()
         samples: list[tuple[float, float, dict[str, Any]]] = []
         while (elapsed := time.monotonic() - started) < RUN_S:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert proc.poll() is None, server.log.read_text()[-3000:]
             samples.append((elapsed, rss_mib(proc.pid), http.get("/v1/status").json()))
             time.sleep(1.0)  # sampling interval of a one-minute soak
         stop.set()
         writer.join()
     finally:
         stop.set()
-        http.close()
-        stop_process(proc)
-        log.close()
+        server.stop(signal.SIGTERM)
 
     steady = [s for s in samples if s[0] >= WARMUP_S]
     first, last = steady[0], steady[-1]

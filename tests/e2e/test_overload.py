@@ -10,19 +10,18 @@ stop growing after the first seconds, and every query must be answered (no
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import free_port, rss_mib, stop_process, wait_for
+from tests.e2e.conftest import Server, rss_mib
 
 pytestmark = pytest.mark.slow
 
@@ -67,41 +66,35 @@ def _client(url: str, stop: threading.Event, codes: list[int], seed: int) -> Non
                 codes.append(-1)
 
 
-def test_minilm_under_overload_keeps_its_bounds(tmp_path: Path) -> None:
+def test_minilm_under_overload_keeps_its_bounds(
+    tmp_path: Path, start_server: Callable[..., Server]
+) -> None:
     data = tmp_path / "changes.jsonl"
     data.touch()
-    port = free_port()
     cfg = tmp_path / "job.yaml"
     cfg.write_text(
         f"state_dir: {tmp_path / 'state'}\nsource: {{path: {data}}}\n"
         "embedder: {class: minilm}\nstop_timeout_s: 2\n",
         encoding="utf-8",
     )
-    log = open(tmp_path / "server.log", "w")  # noqa: SIM115
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrag", "run", str(cfg), "--port", str(port)],
-        cwd=tmp_path,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    http = httpx.Client(base_url=url, timeout=30)
+    server = start_server("run", str(cfg))
+    proc, http = server.proc, server.http
+    http.timeout = httpx.Timeout(30)  # status under overload can be slow
     stop = threading.Event()
     codes: list[int] = []
     threads = [threading.Thread(target=_writer, args=(data, stop), daemon=True)]
     threads += [
-        threading.Thread(target=_client, args=(url, stop, codes, s), daemon=True) for s in range(4)
+        threading.Thread(target=_client, args=(server.url, stop, codes, s), daemon=True)
+        for s in range(4)
     ]
     samples: list[tuple[float, float, dict[str, Any]]] = []
     try:
-        wait_for(lambda: http.get("/healthz").status_code == 200, 120, "the server")
+        server.wait_ready(120)
         for t in threads:
             t.start()
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < RUN_S:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert proc.poll() is None, server.log.read_text()[-3000:]
             samples.append((elapsed, rss_mib(proc.pid), http.get("/v1/status").json()))
             time.sleep(1.0)
         stop.set()
@@ -109,9 +102,7 @@ def test_minilm_under_overload_keeps_its_bounds(tmp_path: Path) -> None:
             t.join(60)
     finally:
         stop.set()
-        http.close()
-        stop_process(proc)
-        log.close()
+        server.stop(signal.SIGTERM)
 
     steady = [s for s in samples if s[0] >= WARMUP_S]
     assert steady[-1][2]["queues"]["source_backlog_bytes"] > 5 * 2**20  # really overloaded

@@ -25,6 +25,7 @@ from streamrag.runtime import Pipeline
 from streamrag.runtime.replay import index_digest, window_finals
 from streamrag.runtime.service import build_event_time
 from streamrag.sources import JsonlSource
+from streamrag.sources.base import Source
 from streamrag.testing import FakeEmbedder, ManualClock, change_line
 from tests.conftest import with_batcher
 
@@ -74,14 +75,14 @@ class Job:
 
     opened: ClassVar[list[LsmIndex]] = []
 
-    def __init__(self, state: Path, data: Path, clock: ManualClock, **kwargs: Any) -> None:
+    def __init__(self, state: Path, data: Path | Source, clock: ManualClock, **kwargs: Any) -> None:
         self.index = LsmIndex(64, LsmSpec(), path=state / "index", clock=clock)
         Job.opened.append(self.index)
         self.results: list[tuple[str, WindowResult]] = []
         kwargs.setdefault("max_batch_size", 8)
         kwargs.setdefault("max_delay_ms", 50)
         self.pipeline = Pipeline(
-            source=JsonlSource(data),
+            source=JsonlSource(data) if isinstance(data, Path) else data,
             embedder=FakeEmbedder(),
             index=self.index,
             dead_letters=DeadLetterStore(state / "dead.jsonl"),
@@ -90,8 +91,7 @@ class Job:
             event_time=build_event_time(SETTINGS, clock),
             on_window=[lambda name, r: self.results.append((name, r))],
             cursor=self.index.cursor,
-            max_read_bytes=2048,
-            **with_batcher(kwargs, clock),
+            **with_batcher({"max_read_bytes": 2048, **kwargs}, clock),
         )
 
     def crash(self) -> None:
@@ -268,22 +268,28 @@ def test_a_window_result_is_released_once_with_the_commit_that_made_it(tmp_path:
     """A window fires while changes are read; the job dies before the commit; the restart
     fires it again from the committed state. Downstream sees it once, not twice."""
     lines = [change_line(f"d{i}", T0 + i * 60, f"text {i}", domain="ops") for i in range(5)]
-    lines.append(change_line("late-hour", T0 + 2 * 3600, "next hours", domain="ops"))
+    lines += [
+        change_line("d0", T0 + 400, "d0 edited in the same micro-batch", domain="ops"),
+        '{"doc_id": "broken", "event_time": ',  # a hostile line among them
+        change_line("d7", T0 + 30, "out of order, within the bound", domain="ops"),
+        change_line("late-hour", T0 + 2 * 3600, "next hours", domain="ops"),
+    ]
     data = _write(tmp_path / "changes.jsonl", lines)
     state = tmp_path / "state"
     clock = ManualClock(T0 * 10**6)
     seen: list[tuple[str, WindowResult]] = []
     first = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
     first.pipeline.on_window.append(lambda name, r: seen.append((name, r)))
-    assert first.pipeline.poll() == 6  # hour 0 closes while these are read
+    assert first.pipeline.poll() == 9  # hour 0 closes while these are read
     assert seen == []  # not yet committed: nothing leaves
     first.crash()
     second = Job(state, data, clock, max_batch_size=64, max_delay_ms=10_000)
     second.pipeline.on_window.append(lambda name, r: seen.append((name, r)))
     second.pipeline.run_until_caught_up(final=False)
     hour0 = [r for _, r in seen if r.window.start == T0 * 10**6]
-    assert [(r.key, r.value) for r in hour0] == [("ops", 5)]
+    assert [(r.key, r.value) for r in hour0] == [("ops", 7)]  # every change of hour 0, once
     assert second.index.epoch >= 1
+    assert second.pipeline.stats.dead_lettered == 1
 
 
 def test_window_output_fired_by_time_alone_gets_a_commit_of_its_own(tmp_path: Path) -> None:

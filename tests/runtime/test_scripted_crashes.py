@@ -19,77 +19,29 @@ from pathlib import Path
 
 import pytest
 
-from streamrag.chunking import TokenSplitter
-from streamrag.config import Settings
 from streamrag.eventtime import WindowResult
-from streamrag.index import LsmIndex, LsmSpec
 from streamrag.ingest import DeadLetterStore
-from streamrag.runtime import Pipeline
 from streamrag.runtime.replay import index_digest, window_finals
-from streamrag.runtime.service import build_event_time
 from streamrag.testing import (
-    FakeEmbedder,
     ManualClock,
     ScriptedCrash,
     ScriptedSource,
     Timeline,
     change_line,
 )
-from tests.conftest import with_batcher
+from tests.runtime.test_recovery import Job
 
 T0 = 1_704_067_200  # 2024-01-01T00:00:00Z, in seconds
 US = 1_000_000
 
-SETTINGS = Settings.model_validate(
-    {
-        "event_time": {
-            "max_out_of_orderness_ms": 600_000,
-            "idle_timeout_ms": None,
-            "windows": [
-                {
-                    "name": "per_domain",
-                    "kind": "tumbling",
-                    "size_ms": 3_600_000,
-                    "key": ["domain"],
-                    "aggregate": "count",
-                }
-            ],
-        }
-    }
-)
-
 MALFORMED = '{"doc_id": "broken", "event_time": '
 
 
-class Process:
-    """One process' worth of pipeline over a state directory, resumed from its cursor."""
+class Process(Job):
+    """A recovery test's job over a scripted source, resumed from its cursor."""
 
     def __init__(self, source: ScriptedSource, state: Path, clock: ManualClock) -> None:
-        self.index = LsmIndex(64, LsmSpec(), path=state / "index", clock=clock)
-        self.windows: list[tuple[str, WindowResult]] = []
-        self.pipeline = Pipeline(
-            source=source,
-            embedder=FakeEmbedder(),
-            index=self.index,
-            dead_letters=DeadLetterStore(state / "dead.jsonl"),
-            clock=clock,
-            splitter=TokenSplitter(max_tokens=8, overlap_tokens=2),
-            event_time=build_event_time(SETTINGS, clock),
-            on_window=[lambda name, r: self.windows.append((name, r))],
-            cursor=self.index.cursor,
-            max_read_bytes=600,
-            **with_batcher({"max_batch_size": 8, "max_delay_ms": 50}, clock),
-        )
-
-    def die(self) -> None:
-        """Leave as a killed process would: no flush, no checkpoint."""
-        self.index.abandon()
-
-    def finish(self) -> None:
-        self.pipeline.run_until_caught_up(final=True)
-        self.pipeline.finish_event_time()
-        self.pipeline.close()
-        self.index.close()
+        super().__init__(state, source, clock, max_read_bytes=600)
 
 
 class Outcome:
@@ -114,8 +66,8 @@ def _play(source: ScriptedSource, state: Path) -> Outcome:
             proc.pipeline.flush()
         except ScriptedCrash:
             crashes += 1
-            windows += proc.windows
-            proc.die()
+            windows += proc.results
+            proc.crash()
             proc = Process(source, state, clock)
             continue
         if read == 0 and proc.pipeline.reader.ended:  # type: ignore[attr-defined]
@@ -123,7 +75,7 @@ def _play(source: ScriptedSource, state: Path) -> Outcome:
     else:
         raise AssertionError("the timeline never reached its EOF")
     proc.finish()
-    windows += proc.windows
+    windows += proc.results
     return Outcome(proc, windows, crashes)
 
 
@@ -226,7 +178,7 @@ def test_a_crash_with_changes_waiting_in_the_batcher(tmp_path: Path) -> None:
         _pump(proc, 100)
     assert proc.pipeline.batcher.pending > 0
     assert proc.index.epoch > 0
-    proc.die()
+    proc.crash()
     after = _play(source, tmp_path / "state")
     reference = _play(tl.source(crashes=False), tmp_path / "ref")
     assert after.crashes == 0

@@ -85,12 +85,11 @@ class Ledger:
             for name, value in counts.items():
                 setattr(self.stats, name, getattr(self.stats, name) + value)
 
-    def read(self, n: int, *, again: bool = False) -> None:
-        """``n`` records read; ``again``: waiting ones read again after a restart (not new)."""
+    def read(self, n: int) -> None:
+        """``n`` records read for the first time."""
         with self.lock:
             self.reading += n
-            if not again:
-                self.stats.ingested += n
+            self.stats.ingested += n
 
     def refused(self, n: int) -> None:
         """``n`` records being read were refused (dead-lettered)."""

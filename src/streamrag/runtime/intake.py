@@ -91,7 +91,7 @@ class Intake:
 
     def _poll(self, final: bool) -> int:
         now = self.clock.now_us()
-        self._route_windows(self.event_time.on_processing_time(now), None)
+        self._route_windows(self.event_time.on_processing_time(now))
         if self.batcher.full:
             self.paused_polls += 1
             self.metrics.backpressure.set(1)
@@ -116,14 +116,14 @@ class Intake:
         self._refuse(decoded.letters)
         if len(decoded.out):
             windows = self.windows(decoded.out)
-            self._route_windows(windows.out, decoded.out, windows.letters)
+            self._route_windows(windows.out, windows.letters)
             chunks = self._queue(decoded.out, idle_since)
             if chunks:  # bytes per chunk, to size the next read to the room left
                 per = sum(len(line) for r in raws for line in r.lines) / chunks
                 old = self._bytes_per_chunk
                 self._bytes_per_chunk = per if old == 0 else 0.7 * old + 0.3 * per
         for part, mark in marks:  # a source's own watermark holds after its batch
-            self._route_windows(self.event_time.observe_watermark(part, mark), None)
+            self._route_windows(self.event_time.observe_watermark(part, mark))
         self.metrics.pending.set(self.batcher.pending)
         return read or len(marks)  # a watermark alone is progress too
 
@@ -186,12 +186,10 @@ class Intake:
         """End of a bounded input: the watermark goes to +inf and every window fires."""
         with self.keeper.gate.polling():
             out = self.event_time.finish()
-            self._route_windows(out, None)
+            self._route_windows(out)
         return len(out.results)
 
-    def _route_windows(
-        self, out: StageOutput, changes: ChangeBatch | None, letters: Sequence[DeadLetter] = ()
-    ) -> None:
+    def _route_windows(self, out: StageOutput, letters: Sequence[DeadLetter] = ()) -> None:
         """Window results and side outputs to the outbox; the watermark to the batcher."""
         wm = self.event_time.watermark
         self.batcher.set_watermark(wm)
@@ -199,6 +197,8 @@ class Intake:
         if wm != MIN_TIMESTAMP:
             m.watermark.set(wm / US_PER_S)
             m.watermark_lag.set(max(0, self.clock.now_us() - wm) / US_PER_S)
+        if not (out.results or out.late or out.invalid or letters):
+            return  # most polls: nothing fired, nothing to count or hold
         for name, result in out.results:
             m.window_results.labels(window=name, timing=result.timing.value).inc()
         for name, _ in out.late:
