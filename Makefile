@@ -11,7 +11,7 @@ MODEL := .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev,local-llm]'
+	$(PY) -m pip install --quiet -e '.[dev,local-llm,sources]'
 	touch $(STAMP)
 
 $(MODEL): | $(STAMP)

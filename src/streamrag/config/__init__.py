@@ -47,7 +47,18 @@ from streamrag.config.answer import (
     SafetySettings,
 )
 from streamrag.config.base import Frozen as _Frozen
-from streamrag.errors import ConfigError, SpecError
+from streamrag.config.sources import (
+    FolderSourceSettings,
+    JsonlSourceSettings,
+    KafkaSourceSettings,
+    NatsSourceSettings,
+    PostgresSourceSettings,
+    RecordFormat,
+    RedisSourceSettings,
+    RowMapping,
+    SourceSpec,
+)
+from streamrag.errors import ArgumentError, ConfigError, SpecError
 
 __all__ = [
     "AnswerSettings",
@@ -57,13 +68,22 @@ __all__ = [
     "ContextSettings",
     "EmbedderSettings",
     "EventTimeSettings",
+    "FolderSourceSettings",
     "IndexSettings",
     "IngestSettings",
+    "JsonlSourceSettings",
+    "KafkaSourceSettings",
     "LLMSettings",
+    "NatsSourceSettings",
+    "PostgresSourceSettings",
+    "RecordFormat",
+    "RedisSourceSettings",
+    "RowMapping",
     "SafetySettings",
     "ServeSettings",
     "Settings",
     "SourceSettings",
+    "SourceSpec",
     "WindowSettings",
     "load_settings",
     "parse_value",
@@ -84,6 +104,12 @@ class SourceSettings(_Frozen):
     )
     max_read_bytes: int = Field(
         1 << 20, gt=0, description="At most this many bytes are read per poll (backpressure)."
+    )
+    wake_timeout_ms: int = Field(
+        1000,
+        gt=0,
+        description="Sources that wake the job when data arrives (files, folders, brokers) "
+        "let an idle job sleep; it still looks this often (time-driven windows fire then).",
     )
 
 
@@ -416,6 +442,11 @@ class Settings(_Frozen):
         "pending; changes not embedded by then are read again on restart (nothing is lost).",
     )
     source: SourceSettings = SourceSettings()
+    sources: list[SourceSpec] = Field(
+        default_factory=list,
+        description="Connectors to read (each with a kind and a name); when empty, the "
+        "JSONL input of source.path is read.",
+    )
     ingest: IngestSettings = IngestSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     batcher: BatcherSettings = BatcherSettings()
@@ -425,6 +456,20 @@ class Settings(_Frozen):
     serve: ServeSettings = ServeSettings()
     llm: LLMSettings = LLMSettings()
     answer: AnswerSettings = AnswerSettings()
+
+    @model_validator(mode="after")
+    def _unique_source_names(self) -> Settings:
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            msg = f"source names must be unique; {', '.join(dup)} appear more than once"
+            raise ArgumentError(msg)
+        return self
+
+    @property
+    def push_dir(self) -> Path:
+        """Where changes pushed over HTTP or Python are journaled before the pipeline reads them."""
+        return self.state_dir / "push"
 
     @property
     def dead_letter_path(self) -> Path:

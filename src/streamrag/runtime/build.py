@@ -9,14 +9,16 @@ embedder retries, the index, and the pipeline over them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
 from streamrag.chunking import TokenSplitter, count_words
-from streamrag.config import Settings
+from streamrag.config import JsonlSourceSettings, Settings, SourceSpec
 from streamrag.embed.base import CountsTokens, Embedder
 from streamrag.embed.resilient import RetryPolicy
+from streamrag.errors import ConfigError
 from streamrag.eventtime import (
     EventTimeStage,
     Mode,
@@ -25,6 +27,7 @@ from streamrag.eventtime import (
 )
 from streamrag.index.base import VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.ingest.formats import DecoderSet, RecordDecoder
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
 from streamrag.sources.base import Source
@@ -34,6 +37,7 @@ from streamrag.timing import US_PER_MS, Clock
 
 __all__ = [
     "build_batcher",
+    "build_decoders",
     "build_event_time",
     "build_pipeline",
     "build_source",
@@ -53,7 +57,7 @@ def build_pipeline(
     cursor: Any = None,
 ) -> Pipeline:
     """The job's pipeline, resuming from ``cursor`` (the index's, after a restart)."""
-    ingest, emb = settings.ingest, settings.embedder
+    emb = settings.embedder
     return Pipeline(
         source=source or build_source(settings),
         embedder=embedder,
@@ -63,9 +67,7 @@ def build_pipeline(
         clock=clock,
         batcher=build_batcher(settings, clock),
         splitter=build_splitter(settings, embedder),
-        decoder=Decoder(
-            default_tenant=ingest.default_tenant, max_document_bytes=ingest.max_document_bytes
-        ),
+        decoder=build_decoders(settings),
         event_time=build_event_time(settings, clock),
         metrics=metrics,
         on_commit=on_commit,
@@ -84,15 +86,85 @@ def build_pipeline(
 
 
 def build_source(settings: Settings) -> Source:
-    """The configured files, and the replay folder that dead letters are re-injected into."""
+    """The configured connectors (or JSONL input), the push journal and the replay folder.
+
+    The push journal (``POST /v1/documents``, ``Service.upsert``) and the folder
+    that dead letters are re-injected into are read by every job, whatever
+    its sources.
+    """
     cap = settings.ingest.max_document_bytes + 1
     src = settings.source
-    return MultiSource(
-        [
-            JsonlSource(src.path, glob=src.glob, max_line_bytes=cap),
-            JsonlSource(settings.replay_dir, max_line_bytes=cap),
-        ]
-    )
+    parts: list[Any] = []
+    if not settings.sources:
+        parts.append(JsonlSource(src.path, glob=src.glob, max_line_bytes=cap))
+    for spec in settings.sources:
+        parts.append(_connector(spec, cap))
+    parts.append(JsonlSource(settings.push_dir, max_line_bytes=cap))
+    parts.append(JsonlSource(settings.replay_dir, max_line_bytes=cap))
+    return MultiSource(parts)
+
+
+_CONNECTORS = {
+    "folder": "streamrag.sources.folder:FolderSource",
+    "postgres": "streamrag.sources.postgres:PostgresSource",
+    "kafka": "streamrag.sources.kafka:KafkaSource",
+    "nats": "streamrag.sources.nats:NatsSource",
+    "redis": "streamrag.sources.redis_streams:RedisSource",
+}
+"""Where each connector kind lives: imported only when configured (its client is an extra)."""
+
+_EXTRAS = {"folder": "documents"}
+
+
+def _connector(spec: SourceSpec, line_cap: int) -> Any:
+    if isinstance(spec, JsonlSourceSettings):
+        return JsonlSource(spec.path, glob=spec.glob, max_line_bytes=line_cap, decoder=spec.name)
+    module_name, _, cls_name = _CONNECTORS[spec.kind].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        extra = _EXTRAS.get(spec.kind, spec.kind)
+        msg = (
+            f"source {spec.name!r} (kind {spec.kind}) needs a package that is not installed "
+            f"({exc.name}): pip install 'streamrag[{extra}]'"
+        )
+        raise ConfigError(msg) from None
+    return getattr(module, cls_name).from_settings(spec)
+
+
+def build_decoders(settings: Settings) -> DecoderSet:
+    """Streamrag's change decoder for JSONL, push and replay; each connector's own by name."""
+    ingest = settings.ingest
+    limits = {
+        "default_tenant": ingest.default_tenant,
+        "max_document_bytes": ingest.max_document_bytes,
+    }
+    named: dict[str, RecordDecoder] = {}
+    for spec in settings.sources:
+        named[spec.name] = _decoder(spec, limits)
+    return DecoderSet(Decoder(**limits), named)
+
+
+def _decoder(spec: SourceSpec, limits: dict[str, Any]) -> RecordDecoder:
+    kind = spec.kind
+    if kind == "folder":
+        from streamrag.ingest.documents import DocumentDecoder
+
+        return DocumentDecoder.from_settings(spec, **limits)
+    if kind == "postgres":
+        from streamrag.ingest.debezium import DebeziumDecoder
+
+        return DebeziumDecoder.from_settings(spec, **limits)
+    fmt = getattr(spec, "format", "change")
+    if fmt == "row":
+        from streamrag.ingest.rows import RowDecoder
+
+        return RowDecoder.from_settings(spec, **limits)
+    if fmt == "debezium":
+        from streamrag.ingest.debezium import DebeziumDecoder
+
+        return DebeziumDecoder.from_settings(spec, **limits)
+    return Decoder(**limits)
 
 
 def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:

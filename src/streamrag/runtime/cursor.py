@@ -186,10 +186,10 @@ class Rewind:
             fresh = [i for i, off in enumerate(raw.offsets) if off >= read_to]
             out.skipped += len(raw) - len(again) - len(fresh)
             if again:
-                out.again.append(_subset(raw, again))
+                out.again.append(raw.subset(again))
                 self._unseen.get(raw.source, set()).difference_update(raw.offsets[i] for i in again)
             if fresh:
-                out.fresh.append(_subset(raw, fresh))
+                out.fresh.append(raw.subset(fresh))
             if raw.end_offset >= read_to:
                 self._passed(raw.source)
         return out
@@ -229,18 +229,6 @@ def check_forward(before: Mapping[str, int], now: Mapping[str, int], rewind: Rew
                 "offsets only move forward"
             )
             raise SourceError(msg)
-
-
-def _subset(raw: RawBatch, keep: list[int]) -> RawBatch:
-    sizes = raw.sizes or {}
-    kept = {j: sizes[i] for j, i in enumerate(keep) if i in sizes}
-    return RawBatch(
-        raw.source,
-        [raw.lines[i] for i in keep],
-        [raw.offsets[i] for i in keep],
-        raw.end_offset,
-        kept or None,
-    )
 
 
 class PollGate:

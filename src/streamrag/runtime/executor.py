@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 from streamrag.errors import StreamragError
 from streamrag.runtime.pipeline import Pipeline
+from streamrag.sources.base import Wakes
+from streamrag.sources.multi import MultiSourceReader
 
 __all__ = ["PipelineRunner"]
 
@@ -44,11 +46,13 @@ class PipelineRunner:
         pipeline: Pipeline,
         *,
         poll_interval_ms: int = 2,
+        wake_timeout_ms: int = 1000,
         max_backoff_s: float = 5.0,
         overlap: bool = True,
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval_s = poll_interval_ms / 1000
+        self.wake_timeout_s = wake_timeout_ms / 1000
         self.max_backoff_s = max_backoff_s
         self.overlap = overlap
         self.errors = 0
@@ -57,6 +61,15 @@ class PipelineRunner:
         self._queued = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reader_done = threading.Event()
+        self.wake = threading.Event()
+        """Set when a poll may find something: by the sources that wake, by pushes, by stop."""
+        reader = pipeline.reader
+        if isinstance(reader, Wakes):
+            reader.wake_on(self.wake)
+        self.sleeps = (
+            reader.wakes if isinstance(reader, MultiSourceReader) else (isinstance(reader, Wakes))
+        )
+        """Whether an idle reader sleeps until woken (else it polls every interval)."""
 
     def start(self) -> None:
         """Start the loop threads."""
@@ -92,6 +105,7 @@ class PipelineRunner:
             pipeline.stop_by(pipeline.clock.now_us() + int(timeout * 1_000_000))
         self._stop.set()
         self._queued.set()
+        self.wake.set()
         for t in self._threads:
             t.join()
         self._threads = []
@@ -123,10 +137,22 @@ class PipelineRunner:
                 if did:
                     self._queued.set()
                 elif did is not None:
-                    self._stop.wait(self.poll_interval_s)
+                    self._idle()
         finally:
             self._reader_done.set()
             self._queued.set()
+
+    def _idle(self) -> None:
+        """Nothing was read: sleep until a source wakes the job, or poll again soon.
+
+        A full batcher (backpressure) is not woken by a source, so it polls again
+        after the interval, as does a reader that cannot wake the job.
+        """
+        if self.sleeps and not self.pipeline.batcher.full:
+            self.wake.wait(self.wake_timeout_s)
+            self.wake.clear()
+        else:
+            self._stop.wait(self.poll_interval_s)
 
     def _commit_loop(self) -> None:
         pipeline = self.pipeline

@@ -38,6 +38,7 @@ from streamrag.errors import StreamragError
 from streamrag.eventtime import EventTimeStage, WatermarkTracker
 from streamrag.index.base import CommitBatch, CommitResult, VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
+from streamrag.ingest.formats import RecordDecoder
 from streamrag.runtime.accounting import Ledger, PipelineStats
 from streamrag.runtime.commit import Committer, Embedding
 from streamrag.runtime.cursor import CURSOR_FORMAT, Cursor, CursorKeeper
@@ -69,7 +70,7 @@ class Pipeline:
         clock: Clock,
         batcher: MicroBatcher | None = None,
         splitter: TokenSplitter | None = None,
-        decoder: Decoder | None = None,
+        decoder: RecordDecoder | None = None,
         event_time: EventTimeStage | None = None,
         metrics: Metrics | None = None,
         on_commit: Sequence[CommitHook] = (),
@@ -116,7 +117,7 @@ class Pipeline:
             self.keeper.restore(self.event_time)
 
     def _intake(
-        self, decoder: Decoder | None, splitter: TokenSplitter | None, max_read_bytes: int
+        self, decoder: RecordDecoder | None, splitter: TokenSplitter | None, max_read_bytes: int
     ) -> Intake:
         return Intake(
             reader=self.reader,

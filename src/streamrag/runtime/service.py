@@ -79,7 +79,9 @@ class Service:
             cursor=cursor,
         )
         self.runner = PipelineRunner(
-            self.pipeline, poll_interval_ms=settings.source.poll_interval_ms
+            self.pipeline,
+            poll_interval_ms=settings.source.poll_interval_ms,
+            wake_timeout_ms=settings.source.wake_timeout_ms,
         )
         self.started_us = self.clock.now_us()
 

@@ -35,7 +35,8 @@ from typing import Generic, Protocol, TypeVar
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import TokenSplitter, content_hash
 from streamrag.eventtime import EventTimeStage, StageOutput
-from streamrag.ingest import DeadLetter, DeadLetterStore, Decoder
+from streamrag.ingest import DeadLetter, DeadLetterStore
+from streamrag.ingest.formats import RecordDecoder
 from streamrag.runtime.metrics import Metrics
 from streamrag.sources.base import RawBatch
 from streamrag.timing import Clock
@@ -78,11 +79,14 @@ class Stage(Protocol[In, Out]):
 
 
 class DecodeStage:
-    """Raw lines into changes, schema on read (:class:`~streamrag.ingest.Decoder`)."""
+    """Raw records into changes, schema on read, each by its source's format.
+
+    See :mod:`streamrag.ingest.formats`.
+    """
 
     name = "decode"
 
-    def __init__(self, decoder: Decoder) -> None:
+    def __init__(self, decoder: RecordDecoder) -> None:
         self.decoder = decoder
 
     def __call__(self, raws: list[RawBatch]) -> StageResult[ChangeBatch]:

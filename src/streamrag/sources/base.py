@@ -25,13 +25,21 @@ such a claim on in :attr:`RawBatch.watermark`. (Not to be confused with Kafka's
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from streamrag.timing import Timestamp
 
-__all__ = ["AcknowledgesCommits", "RawBatch", "Source", "SourceReader"]
+__all__ = [
+    "AcknowledgesCommits",
+    "RawBatch",
+    "ReportsHealth",
+    "Source",
+    "SourceReader",
+    "Wakes",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,15 @@ class RawBatch:
     ``offsets[i]`` is where ``lines[i]`` starts; ``end_offset`` is the resume
     position after the last line. A reader that cuts a runaway record short says
     how long it really was in ``sizes`` (line index → bytes), so the error names it.
+
+    ``decoder`` names the decoder of the lines (see
+    :class:`streamrag.ingest.formats.DecoderSet`): None is streamrag's own change
+    format (one JSON change per line); a connector whose records are in another
+    shape (Debezium envelopes, table rows, document files) names the decoder
+    that was configured for it. ``keys[i]`` is the record's key where the system
+    has one (a Kafka key, a file's path) and ``times[i]`` the time the system
+    stamped on it (a Kafka timestamp, a commit time), in microseconds; a decoder
+    may take the event time from it.
 
     ``watermark`` is an explicit watermark the source itself carries, or None
     when it has none (the file sources). It holds *after* the batch's last line:
@@ -62,9 +79,27 @@ class RawBatch:
     end_offset: int
     sizes: dict[int, int] | None = None
     watermark: Timestamp | None = None
+    decoder: str | None = None
+    keys: list[bytes | None] | None = None
+    times: list[Timestamp | None] | None = None
 
     def __len__(self) -> int:
         return len(self.lines)
+
+    def subset(self, keep: Sequence[int]) -> RawBatch:
+        """The records at positions ``keep`` (in that order), with their keys, times and sizes."""
+        sizes = self.sizes or {}
+        kept = {j: sizes[i] for j, i in enumerate(keep) if i in sizes}
+        return RawBatch(
+            self.source,
+            [self.lines[i] for i in keep],
+            [self.offsets[i] for i in keep],
+            self.end_offset,
+            kept or None,
+            decoder=self.decoder,
+            keys=None if self.keys is None else [self.keys[i] for i in keep],
+            times=None if self.times is None else [self.times[i] for i in keep],
+        )
 
 
 @runtime_checkable
@@ -124,4 +159,36 @@ class Source(Protocol):
 
     def build(self, resume: Mapping[str, int] | None = None) -> SourceReader:
         """Open a reader that starts at ``resume`` (or at the beginning)."""
+        ...
+
+
+@runtime_checkable
+class Wakes(Protocol):
+    """A reader that can say when new data may be there, so an idle job sleeps.
+
+    Without it the job polls an idle source every ``source.poll_interval_ms``.
+    A reader that is woken by its system (file-system events, a broker pushing
+    messages to its client) sets ``event`` when a poll may find something; the
+    job then sleeps on that event, with a long safety timeout, instead of polling.
+    Setting it too often costs a poll; setting it too rarely costs freshness.
+    """
+
+    def wake_on(self, event: threading.Event) -> None:
+        """Set ``event`` whenever a poll may return something new."""
+        ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    """A reader connected to a system that can fail: it reports how that is going.
+
+    ``/v1/status`` shows the report under ``sources``, one entry per connector:
+    ``kind``, ``connected``, ``lag`` (records or bytes behind, when known),
+    ``last_error`` (the last connection or read error, secrets left out),
+    ``retries`` and anything the connector adds. A connector turns a lost
+    connection into retries with back-off and says so here, never a crash loop.
+    """
+
+    def health(self) -> dict[str, Any]:
+        """The connector's state as ``/v1/status`` shows it."""
         ...

@@ -34,6 +34,8 @@ class JsonlSource:
     path: Path
     glob: str = "*.jsonl"
     max_line_bytes: int = 1_000_001
+    decoder: str | None = None
+    """The decoder its batches name (None: streamrag's own change format)."""
 
     def owns(self, partition: str) -> bool:
         """Whether a partition name (a file path) belongs to this source."""
@@ -126,7 +128,7 @@ class JsonlSourceReader:
         self._offsets[name] = start + consumed
         if not lines:
             return None
-        return RawBatch(name, lines, offsets, start + consumed, sizes)
+        return RawBatch(name, lines, offsets, start + consumed, sizes, decoder=self._spec.decoder)
 
     def _long_line(
         self, fh: BinaryIO, pos: int, head: bytes, final: bool, size: int

@@ -8,20 +8,40 @@ which every job reads alongside its configured source.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
-from streamrag.sources.base import AcknowledgesCommits, RawBatch, SourceReader
-from streamrag.sources.files import JsonlSource
+from streamrag.sources.base import (
+    AcknowledgesCommits,
+    RawBatch,
+    ReportsHealth,
+    SourceReader,
+    Wakes,
+)
 
-__all__ = ["MultiSource", "MultiSourceReader"]
+__all__ = ["MultiSource", "MultiSourceReader", "OwnsPartitions"]
+
+
+@runtime_checkable
+class OwnsPartitions(Protocol):
+    """A source spec that can tell its partitions from another's."""
+
+    def owns(self, partition: str) -> bool:
+        """Whether ``partition`` is one of this source's."""
+        ...
+
+    def build(self, resume: Mapping[str, int] | None = None) -> SourceReader:
+        """Open a reader that starts at ``resume``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
 class MultiSource:
-    """JSONL sources read together, in order, within one read budget."""
+    """Sources read together, in order, within one read budget."""
 
-    sources: Sequence[JsonlSource]
+    sources: Sequence[OwnsPartitions]
 
     def build(self, resume: Mapping[str, int] | None = None) -> MultiSourceReader:
         """Open every source at its own part of ``resume``."""
@@ -54,6 +74,25 @@ class MultiSourceReader:
         for reader in self.readers:
             if isinstance(reader, AcknowledgesCommits):
                 reader.committed(positions, waiting)
+
+    def wake_on(self, event: threading.Event) -> None:
+        """Let every reader that can be woken set ``event``."""
+        for reader in self.readers:
+            if isinstance(reader, Wakes):
+                reader.wake_on(event)
+
+    @property
+    def wakes(self) -> bool:
+        """Whether every reader wakes the job itself (then an idle job need not poll)."""
+        return all(isinstance(r, Wakes) for r in self.readers)
+
+    def health(self) -> dict[str, Any]:
+        """Each connector's report (see :class:`~streamrag.sources.base.ReportsHealth`)."""
+        out: dict[str, Any] = {}
+        for reader in self.readers:
+            if isinstance(reader, ReportsHealth):
+                out.update(reader.health())
+        return out
 
     def snapshot(self) -> dict[str, int]:
         """Resume position of every partition of every source."""
