@@ -118,6 +118,17 @@ class SourceError(StreamragError):
     """A source cannot be opened, read or resumed from its offset."""
 
 
+class OverloadedError(StreamragError):
+    """The job's bounded queues are full: try again after ``retry_after_s`` seconds.
+
+    HTTP answers 429 with a ``Retry-After`` header; nothing of the request was taken.
+    """
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class EmbedderError(StreamragError):
     """An embedder failed, or returned vectors of the wrong shape or type."""
 

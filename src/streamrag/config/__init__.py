@@ -76,6 +76,7 @@ __all__ = [
     "LLMSettings",
     "NatsSourceSettings",
     "PostgresSourceSettings",
+    "PushSettings",
     "RecordFormat",
     "RedisSourceSettings",
     "RowMapping",
@@ -425,6 +426,23 @@ class ServeSettings(_Frozen):
     )
 
 
+class PushSettings(_Frozen):
+    """Changes pushed over ``POST /v1/documents`` or from Python (``Service.upsert``)."""
+
+    max_backlog_bytes: int = Field(
+        64 << 20,
+        gt=0,
+        description="Pushed bytes the pipeline has not read yet before pushes get 429 "
+        "(Retry-After).",
+    )
+    max_changes: int = Field(1000, gt=0, description="Changes per push request.")
+    wait_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a push with wait_for_commit waits for its epoch (then 202).",
+    )
+
+
 class Settings(_Frozen):
     """Every setting of a streamrag job."""
 
@@ -447,6 +465,7 @@ class Settings(_Frozen):
         description="Connectors to read (each with a kind and a name); when empty, the "
         "JSONL input of source.path is read.",
     )
+    push: PushSettings = PushSettings()
     ingest: IngestSettings = IngestSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     batcher: BatcherSettings = BatcherSettings()

@@ -18,7 +18,7 @@ from streamrag.chunking import TokenSplitter, count_words
 from streamrag.config import JsonlSourceSettings, Settings, SourceSpec
 from streamrag.embed.base import CountsTokens, Embedder
 from streamrag.embed.resilient import RetryPolicy
-from streamrag.errors import ConfigError
+from streamrag.errors import MissingDependencyError
 from streamrag.eventtime import (
     EventTimeStage,
     Mode,
@@ -30,6 +30,7 @@ from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
+from streamrag.runtime.push import PushJournal
 from streamrag.sources.base import Source
 from streamrag.sources.files import JsonlSource
 from streamrag.sources.multi import MultiSource
@@ -55,11 +56,12 @@ def build_pipeline(
     source: Source | None = None,
     on_commit: Sequence[CommitHook] = (),
     cursor: Any = None,
+    push: PushJournal | None = None,
 ) -> Pipeline:
     """The job's pipeline, resuming from ``cursor`` (the index's, after a restart)."""
     emb = settings.embedder
     return Pipeline(
-        source=source or build_source(settings),
+        source=source or build_source(settings, push),
         embedder=embedder,
         index=index,
         # Kept across restarts; a record refused again on a replay is stored once.
@@ -85,7 +87,7 @@ def build_pipeline(
     )
 
 
-def build_source(settings: Settings) -> Source:
+def build_source(settings: Settings, push: PushJournal | None = None) -> Source:
     """The configured connectors (or JSONL input), the push journal and the replay folder.
 
     The push journal (``POST /v1/documents``, ``Service.upsert``) and the folder
@@ -99,7 +101,9 @@ def build_source(settings: Settings) -> Source:
         parts.append(JsonlSource(src.path, glob=src.glob, max_line_bytes=cap))
     for spec in settings.sources:
         parts.append(_connector(spec, cap))
-    parts.append(JsonlSource(settings.push_dir, max_line_bytes=cap))
+    parts.append(
+        push.source if push is not None else JsonlSource(settings.push_dir, max_line_bytes=cap)
+    )
     parts.append(JsonlSource(settings.replay_dir, max_line_bytes=cap))
     return MultiSource(parts)
 
@@ -124,18 +128,15 @@ def _connector(spec: SourceSpec, line_cap: int) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         extra = _EXTRAS.get(spec.kind, spec.kind)
-        msg = (
-            f"source {spec.name!r} (kind {spec.kind}) needs a package that is not installed "
-            f"({exc.name}): pip install 'streamrag[{extra}]'"
-        )
-        raise ConfigError(msg) from None
+        purpose = f"source {spec.name!r} (kind {spec.kind})"
+        raise MissingDependencyError(exc.name or extra, extra, purpose) from None
     return getattr(module, cls_name).from_settings(spec)
 
 
 def build_decoders(settings: Settings) -> DecoderSet:
     """Streamrag's change decoder for JSONL, push and replay; each connector's own by name."""
     ingest = settings.ingest
-    limits = {
+    limits: dict[str, Any] = {
         "default_tenant": ingest.default_tenant,
         "max_document_bytes": ingest.max_document_bytes,
     }

@@ -12,12 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 from streamrag.index.base import ReportsRebuild, SupportsHealth
 from streamrag.runtime.accounting import PipelineStats
+from streamrag.sources.base import ReportsHealth
+from streamrag.sources.multi import MultiSourceReader
 from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, US_PER_MS, US_PER_S, format_timestamp
 
 if TYPE_CHECKING:
     from streamrag.runtime.service import Service
 
 __all__ = ["job_status"]
+
+
+def _sources(service: Service) -> dict[str, Any]:
+    """Each connector's health (connected, lag, last error) and the push journal's state."""
+    reader = service.pipeline.reader
+    if isinstance(reader, MultiSourceReader | ReportsHealth):
+        return reader.health()
+    return {}
 
 
 def job_status(service: Service) -> dict[str, Any]:
@@ -36,6 +46,7 @@ def job_status(service: Service) -> dict[str, Any]:
             # A missing path is read once it appears; until then nothing is ingested.
             "exists": settings.source.path.exists(),
         },
+        "sources": _sources(service),
         "event_time": _event_time(service, now),
         "batcher": {
             "target_size": p.batcher.target_size,

@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from streamrag.errors import IndexStoreError, StreamragError
+from streamrag.errors import IndexStoreError, OverloadedError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.index.base import SupportsRollback
 from streamrag.runtime.service import Service
@@ -45,6 +45,7 @@ from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json,
 from streamrag.serve.safety import AuditLog
 from streamrag.serve.schemas import (
     AnswerRequest,
+    PushRequest,
     RetrieveRequest,
     RetrieveResponse,
     RollbackRequest,
@@ -99,7 +100,10 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     @app.exception_handler(StreamragError)
     async def _streamrag_error(request: Request, exc: StreamragError) -> Response:
         status, body = error_response(exc)
-        return Response(body, status_code=status, media_type="application/json")
+        headers = None
+        if isinstance(exc, OverloadedError):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -165,6 +169,23 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         )
 
     app.include_router(openai_router)
+
+    @app.post("/v1/documents", status_code=202)
+    async def push_documents(body: PushRequest) -> Response:
+        """Upsert and delete documents: journaled (fsynced) before the answer.
+
+        202 once journaled; with ``wait_for_commit``, 200 once committed, with
+        the epoch that made the changes visible. 429 with ``Retry-After`` while
+        the pipeline is too far behind; 400 naming the bad changes (none is taken).
+        """
+        receipt = await run_in_threadpool(
+            service.push,
+            body.changes,
+            wait_for_commit=body.wait_for_commit,
+            timeout_s=body.timeout_s,
+        )
+        status = 200 if receipt.committed and body.wait_for_commit else 202
+        return JSONResponse(receipt.to_json(), status_code=status)
 
     @app.get("/v1/status")
     async def status(request: Request) -> Response:

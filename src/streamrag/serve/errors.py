@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from streamrag.errors import (
     GeneratorError,
     IndexStoreError,
+    OverloadedError,
     QueryError,
     StreamragError,
     UnknownNameError,
@@ -46,6 +47,7 @@ def error_body(kind: str, message: str, details: list[Any] | None = None) -> dic
 
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (UnknownNameError, 404),
+    (OverloadedError, 429),
     (QueryError, 400),
     (IndexStoreError, 400),
     (GeneratorError, 502),

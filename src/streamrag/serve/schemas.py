@@ -251,6 +251,31 @@ class RollbackRequest(_Model):
     epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[20])
 
 
+class PushRequest(_Model):
+    """``POST /v1/documents``: upserts and deletes, journaled before the answer.
+
+    Each change is a streamrag change (``doc_id``, ``op`` upsert or delete,
+    ``text``, ``event_time`` — now when left out —, ``tenant``, ``title``,
+    ``domain``, ``metadata``) and may carry an ``idempotency_key``: a change
+    whose key was seen before is not applied again.
+    """
+
+    changes: list[dict[str, Any]] = Field(
+        ...,
+        min_length=1,
+        description="The changes, in order.",
+        examples=[[{"doc_id": "kb-1", "text": "Reset the router.", "idempotency_key": "kb-1@v3"}]],
+    )
+    wait_for_commit: bool = Field(
+        False,
+        description="Answer only once the changes are committed, with the epoch that made "
+        "them visible (200); else at once, once they are journaled (202).",
+    )
+    timeout_s: float | None = Field(
+        None, gt=0, le=300, description="Longest wait for the commit (push.wait_timeout_s)."
+    )
+
+
 class _OpenAIModel(BaseModel):
     """OpenAI-compatible bodies accept and ignore parameters streamrag does not use."""
 
