@@ -98,7 +98,8 @@ def test_a_push_is_durable_only_once_its_lines_are_committed_and_not_waiting(
     epoch = [0]
     j = PushJournal(tmp_path, decoder=Decoder(), clock=ManualClock(T0), epoch=lambda: epoch[0])
     r = j.push([{"doc_id": "a", "text": "x"}, {"doc_id": "b", "text": "y"}])
-    assert r.span is not None and not r.committed
+    assert r.span is not None
+    assert not r.committed
     name = r.span.file
     epoch[0] = 4
     j.acknowledge({name: r.span.end}, {name: [r.span.start]})  # the first line still waits
@@ -136,10 +137,14 @@ def test_service_upsert_and_delete_say_the_epoch_that_shows_them(tmp_path: Path)
     svc.start()
     try:
         r = svc.upsert("kb-1", "reset the router by holding the button", wait_for_commit=True)
-        assert r.committed and r.epoch is not None and svc.index.epoch >= r.epoch
+        assert r.committed
+        assert r.epoch is not None
+        assert svc.index.epoch >= r.epoch
         assert "kb-1" in _docs(svc)
         d = svc.delete("kb-1", wait_for_commit=True)
-        assert d.committed and d.epoch is not None and d.epoch > r.epoch
+        assert d.committed
+        assert d.epoch is not None
+        assert d.epoch > r.epoch
         assert "kb-1" not in _docs(svc)
         st = svc.status()
         assert st["counts"]["ingested"] == st["counts"]["applied"] == 2
@@ -174,10 +179,11 @@ def test_ingest_takes_a_generator_and_an_async_generator(tmp_path: Path) -> None
 
     try:
         # 600 changes through a 4 KiB journal bound: ingest waits out the 429s.
-        r1 = svc.ingest(({"doc_id": f"g{i}", "text": f"gen {i} " * 5} for i in range(600)))
+        r1 = svc.ingest({"doc_id": f"g{i}", "text": f"gen {i} " * 5} for i in range(600))
         r2 = svc.ingest(agen(), batch=7)
         assert (r1.accepted, r2.accepted) == (600, 50)
-        assert r1.committed and r2.committed
+        assert r1.committed
+        assert r2.committed
         assert svc.status()["counts"]["applied"] == 650
     finally:
         svc.stop()

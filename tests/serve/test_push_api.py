@@ -63,7 +63,9 @@ def test_a_push_that_waits_names_the_epoch_that_shows_it(
     r = client.post("/v1/documents", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["committed"] and out["accepted"] == 2 and out["epoch"] >= 1
+    assert out["committed"]
+    assert out["accepted"] == 2
+    assert out["epoch"] >= 1
     assert "kb-1" in _top(client, "reset button", epoch=out["epoch"])
 
 
@@ -72,7 +74,8 @@ def test_a_push_that_does_not_wait_is_accepted_and_later_visible(
 ) -> None:
     client, _ = server
     r = client.post("/v1/documents", json={"changes": [{"doc_id": "n", "text": "late news"}]})
-    assert r.status_code == 202 and r.json()["accepted"] == 1
+    assert r.status_code == 202
+    assert r.json()["accepted"] == 1
     wait_for(lambda: "n" in _top(client, "late news"), 30, "the pushed document")
     d = client.post(
         "/v1/documents",
@@ -105,7 +108,8 @@ def test_bad_changes_get_the_one_error_shape_and_nothing_is_taken(
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["type"] == "RequestError"
-    assert "change 1" in err["message"] and "non-empty 'text'" in err["message"]
+    assert "change 1" in err["message"]
+    assert "non-empty 'text'" in err["message"]
     assert client.post("/v1/documents", json={"changes": []}).status_code == 422
     assert svc.status()["sources"]["push"]["unread_bytes"] == 0
 
