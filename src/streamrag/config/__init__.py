@@ -29,7 +29,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -636,6 +636,13 @@ def _known_keys(parent: str) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
+def _union_members(inner: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The models of a ``list[Annotated[A | B, discriminator]]`` field's items, else none."""
+    if len(inner) != 1 or get_origin(inner[0]) is not Annotated:
+        return []
+    return [m for m in get_args(get_args(inner[0])[0]) if issubclass(m, BaseModel)]
+
+
 def reference_markdown() -> str:
     """The configuration reference as a Markdown table (the README embeds it; a test checks)."""
     rows = ["| key | default | description |", "|---|---|---|"]
@@ -656,6 +663,9 @@ def reference_markdown() -> str:
             inner: tuple[Any, ...] = getattr(ann, "__args__", ())
             if len(inner) == 1 and isinstance(inner[0], type) and issubclass(inner[0], BaseModel):
                 walk(inner[0], key + "[].")
+            for member in _union_members(inner):  # sources: one block per kind
+                kind = get_args(member.model_fields["kind"].annotation)[0]
+                walk(member, f"{key}[kind={kind}].")
 
     walk(Settings, "")
     return "\n".join(rows)
