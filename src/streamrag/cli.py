@@ -104,7 +104,7 @@ def _live(settings: Settings, *, banner: bool) -> None:
     host, port = settings.serve.host, settings.serve.port
     console.print(f"[bold]streamrag[/] serving http://{host}:{port}  ·  Ctrl-C stops")
     source = settings.source.path
-    if not source.exists():
+    if not settings.sources and not source.exists():
         console.print(
             f"[yellow]warning:[/] source.path {source} does not exist: nothing is ingested until "
             "it appears (create it, or point source.path at your JSONL file or folder)"
@@ -172,7 +172,11 @@ def _banner(service: Any, host: str, port: int) -> None:
         f"{st['index']['live_docs']} documents  ·  {st['counts']['dead_lettered']} dead letters "
         f"in {st['dead_letter_path']}"
     )
-    console.print(f"Tailing [cyan]{service.settings.source.path}[/]: append JSON lines to it.")
+    if service.settings.sources:
+        names = ", ".join(f"{s.name} ({s.kind})" for s in service.settings.sources)
+        console.print(f"Reading [cyan]{names}[/]; push more with POST {url}/v1/documents.")
+    else:
+        console.print(f"Tailing [cyan]{service.settings.source.path}[/]: append JSON lines to it.")
     console.print("Try:\n")
     out.print(
         f"  curl -s {url}/v1/retrieve -H 'content-type: application/json' \\\n"

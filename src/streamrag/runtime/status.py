@@ -22,6 +22,14 @@ if TYPE_CHECKING:
 __all__ = ["job_status"]
 
 
+def _source(settings: Any) -> dict[str, Any]:
+    """The JSONL input, or the names and kinds of the configured connectors."""
+    if settings.sources:
+        return {"connectors": {s.name: s.kind for s in settings.sources}}
+    # A missing path is read once it appears; until then nothing is ingested.
+    return {"path": str(settings.source.path), "exists": settings.source.path.exists()}
+
+
 def _sources(service: Service) -> dict[str, Any]:
     """Each connector's health (connected, lag, last error) and the push journal's state."""
     reader = service.pipeline.reader
@@ -41,11 +49,7 @@ def job_status(service: Service) -> dict[str, Any]:
     return {
         "epoch": idx.epoch,
         "watermark": _time(p.watermark),
-        "source": {
-            "path": str(settings.source.path),
-            # A missing path is read once it appears; until then nothing is ingested.
-            "exists": settings.source.path.exists(),
-        },
+        "source": _source(settings),
         "sources": _sources(service),
         "event_time": _event_time(service, now),
         "batcher": {
