@@ -74,20 +74,7 @@ class Service:
             "waiting": resumed.waiting,
         }
         # Changes pushed over HTTP or from Python: journaled, then read like a file.
-        self.journal: PushJournal | None = None
-        if source is None:
-            push = settings.push
-            self.journal = PushJournal(
-                settings.push_dir,
-                decoder=Decoder(
-                    default_tenant=settings.ingest.default_tenant,
-                    max_document_bytes=settings.ingest.max_document_bytes,
-                ),
-                clock=self.clock,
-                max_backlog_bytes=push.max_backlog_bytes,
-                max_changes=push.max_changes,
-                epoch=lambda: self.index.epoch,
-            )
+        self.journal = self._push_journal() if source is None else None
         self.pipeline = build_pipeline(
             settings,
             embedder=self.embedder,
@@ -105,6 +92,21 @@ class Service:
             wake_timeout_ms=settings.source.wake_timeout_ms,
         )
         self.started_us = self.clock.now_us()
+
+    def _push_journal(self) -> PushJournal:
+        """The journal that ``push``, ``upsert``, ``delete`` and ``POST /v1/documents`` fill."""
+        settings = self.settings
+        return PushJournal(
+            settings.push_dir,
+            decoder=Decoder(
+                default_tenant=settings.ingest.default_tenant,
+                max_document_bytes=settings.ingest.max_document_bytes,
+            ),
+            clock=self.clock,
+            max_backlog_bytes=settings.push.max_backlog_bytes,
+            max_changes=settings.push.max_changes,
+            epoch=lambda: self.index.epoch,
+        )
 
     def start(self) -> None:
         """Load the embedder and start ingesting in the background."""
