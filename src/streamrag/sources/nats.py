@@ -235,6 +235,7 @@ class NatsReader:
         self._outstanding = 0
         self._pause_until = 0.0
         self._consumer_gone = False
+        self._misses = 0
         self._ensured = False
         self._loop = asyncio.new_event_loop()
         self._kick = asyncio.Event()
@@ -535,11 +536,14 @@ class NatsReader:
         try:
             info = await jsm.consumer_info(spec.stream, spec.durable, timeout=2)
         except nats.js.errors.NotFoundError:
-            self._consumer_gone = True
+            # A server that just restarted may not have recovered its consumers yet.
+            self._misses += 1
+            self._consumer_gone = self._misses >= 3
             return
         except (TimeoutError, nats.errors.Error) as exc:
             self._note(exc)
             return
+        self._misses = 0
         self._info = {
             "num_pending": info.num_pending or 0,
             "num_ack_pending": info.num_ack_pending or 0,
