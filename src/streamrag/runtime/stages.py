@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from streamrag.changes import ChangeBatch, Op
-from streamrag.chunking import TokenSplitter, content_hash
+from streamrag.chunking import Splitter, content_hash
 from streamrag.eventtime import EventTimeStage, StageOutput
 from streamrag.ingest import DeadLetter, DeadLetterStore
 from streamrag.ingest.formats import RecordDecoder
@@ -118,11 +118,15 @@ class Chunked:
 
 
 class ChunkStage:
-    """Each upsert into token-bounded chunks with their content hashes."""
+    """Each upsert into token-bounded chunks with their content hashes.
+
+    Any :class:`~streamrag.chunking.Splitter` does: ``TokenSplitter`` or
+    ``StructuredSplitter`` (whose chunks carry their heading path as a first line).
+    """
 
     name = "chunk"
 
-    def __init__(self, splitter: TokenSplitter) -> None:
+    def __init__(self, splitter: Splitter) -> None:
         self.splitter = splitter
 
     def __call__(self, changes: ChangeBatch) -> StageResult[Chunked]:
