@@ -4,18 +4,24 @@ Each line is one change. The resume position of a file is the byte offset after
 the last complete line returned; a line is complete once its newline is
 written, so a writer that is half-way through a line is never read early.
 New files that appear in a watched directory are picked up on the next poll.
+The reader wakes an idle job when the file's folder changes (:meth:`JsonlSourceReader.wake_on`,
+a :class:`~streamrag.sources.watch.FolderWatch` of that folder).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from streamrag.errors import SourceError
 from streamrag.sources.base import RawBatch
+
+if TYPE_CHECKING:
+    from streamrag.sources.watch import FolderWatch
 
 __all__ = ["JsonlSource", "JsonlSourceReader"]
 
@@ -53,6 +59,27 @@ class JsonlSourceReader:
     def __init__(self, spec: JsonlSource, offsets: dict[str, int]) -> None:
         self._spec = spec
         self._offsets = offsets
+        self._watch: FolderWatch | None = None
+
+    def wake_on(self, event: threading.Event) -> None:
+        """Set ``event`` when anything changes in the folder of the file (or the folder read).
+
+        A thread watches that folder (not recursively) from the first call on;
+        a folder that does not exist yet is waited for. Lines are still found by
+        reading the files on each poll, so a lost event costs freshness, never data.
+        """
+        if self._watch is None:
+            from streamrag.sources.watch import FolderWatch
+
+            path = Path(self._spec.path)
+            folder = path if path.is_dir() or path.suffix == "" else path.parent
+            self._watch = FolderWatch(
+                folder.absolute(), recursive=False, keep_paths=False, name="streamrag-watch-jsonl"
+            )
+            self._watch.wake_on(event)
+            self._watch.start()
+        else:
+            self._watch.wake_on(event)
 
     def _files(self) -> list[Path]:
         path = Path(self._spec.path)
@@ -171,4 +198,7 @@ class JsonlSourceReader:
         return total
 
     def close(self) -> None:
-        """Nothing stays open between polls."""
+        """Nothing stays open between polls; the folder watch, if any, stops."""
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
