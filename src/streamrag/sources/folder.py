@@ -53,7 +53,12 @@ or ``rsync -t`` bring old modification times): never above its change time
 version's change time, and the change time itself when the path was deleted
 before (the delete was detected before the file came back). A delete's is the
 time it was detected (the injected clock, less 20 ms for the file system's
-coarse clock), at least 1 µs after the version it deletes.
+coarse clock), at least 1 µs after the version it deletes. While the reader
+runs, every record of a path is also at least 1 µs after the one before it. After
+a restart the order rests on the change times alone: a file re-created after a
+delete that was committed before the restart is newer than it as long as the
+file system's clock is within those 20 ms of the job's (a network file system
+whose server clock lags more could see such a file lose to its delete).
 
 **Delivery and acknowledgement.** Exactly once, through the cursor: the
 positions above are stored with each commit, and nothing outside streamrag is
@@ -217,6 +222,7 @@ class FolderReader:
         self._prefix = spec.prefix
         self._pos: dict[str, int] = dict(resume)
         self._seen: dict[str, Key] = {}  # rel -> stat of the version read (or found indexed)
+        self._last: dict[str, Timestamp] = {}  # rel -> event time of its last record (this run)
         self._todo: dict[str, None] = {}  # rels to look at, in order
         self._unsettled: dict[str, tuple[Timestamp, int]] = {}  # rel -> (due, size)
         self._events: list[threading.Event] = []
@@ -471,7 +477,8 @@ class FolderReader:
             body = data
         self._seen[rel] = key
         self._pos[part] = offset + 1
-        event = self._upsert_time(st, pos, now, again=again)
+        event = max(self._upsert_time(st, pos, now, again=again), self._last.get(rel, 0) + 1)
+        self._last[rel] = event
         return self._batch(part, rel, offset, encode_record(header, body), event)
 
     def _read_file(self, path: Path, key: Key) -> bytes | None:
@@ -506,7 +513,8 @@ class FolderReader:
         base = pos - pos % 3
         offset = base + 1
         self._pos[part] = base + 2
-        event = max(now - CLOCK_SLACK_US, _stamp_us(base // 3) + 1)
+        event = max(now - CLOCK_SLACK_US, _stamp_us(base // 3) + 1, self._last.get(rel, 0) + 1)
+        self._last[rel] = event
         line = encode_record(FileHeader(path=rel, op="delete"))
         return self._batch(part, rel, offset, line, event)
 
