@@ -202,7 +202,7 @@ def test_a_file_that_changes_during_the_read_is_read_again_later(
     path = _write(tmp_path / "log.txt", "part one")
     reader = _source(tmp_path, clock).build()
     real = FolderReader._read_file
-    writes = []
+    writes: list[int] = []
 
     def racing(self: FolderReader, file: Path, key: Any) -> bytes | None:
         if not writes:  # a writer appends while the reader reads
@@ -447,3 +447,18 @@ def test_the_jsonl_tailer_of_a_folder_not_made_yet_wakes_when_it_appears(tmp_pat
         _wait(event, "a file in the new folder")
     finally:
         reader.close()
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_and_reported(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    _write(tmp_path / "ok.md", "fine")
+    fd = os.open(os.fsencode(tmp_path) + b"/caf\xe9.md", os.O_CREAT | os.O_WRONLY)
+    os.write(fd, b"latin-1 name")
+    os.close(fd)
+    reader = _source(tmp_path, clock).build()
+    assert _ops(_drain(reader, clock)) == {"ok.md": "upsert"}
+    assert list(reader.snapshot()) == ["folder:docs:ok.md"], "no partition the cursor cannot hold"
+    health = reader.health()["docs"]
+    assert health["file_errors"] >= 1
+    assert "caf" in health["last_error"]

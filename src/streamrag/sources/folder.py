@@ -135,7 +135,12 @@ def encode_record(header: FileHeader, body: bytes = b"") -> bytes:
     >>> encode_record(FileHeader(path="a.md", size=2), b"hi")
     b'{"path":"a.md","size":2}\nhi'
     """
-    return _encode_header(header) + b"\n" + body
+    try:
+        head = _encode_header(header)
+    except UnicodeEncodeError:  # a name that is not UTF-8: refused by the decoder, not here
+        shown = header.path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        head = _encode_header(FileHeader(path=shown, error=f"the file name {shown!r} is not UTF-8"))
+    return head + b"\n" + body
 
 
 def decode_record(line: bytes) -> tuple[FileHeader, bytes]:
@@ -359,7 +364,7 @@ class FolderReader:
                 continue
             for entry in entries:
                 sub = f"{at}/{entry.name}" if at else entry.name
-                if self._excluded(entry.name, sub):
+                if self._excluded(entry.name, sub) or not _utf8(sub, self):
                     continue
                 try:
                     if entry.is_dir(follow_symlinks=False):
@@ -372,7 +377,7 @@ class FolderReader:
     def _changed(self, path: str) -> None:
         """One path the watch reported: a file to look at, or a folder to list."""
         rel = _relative(Path(path), self.root, self._real_root)
-        if rel is None:
+        if rel is None or not _utf8(rel, self):
             return
         if rel in ("", "."):
             if not self.root.is_dir():
@@ -531,7 +536,7 @@ class FolderReader:
             times=[event],
         )
 
-    def _file_error(self, rel: str, exc: OSError) -> None:
+    def _file_error(self, rel: str, exc: Exception) -> None:
         self.file_errors += 1
         self._last_file_error = f"{rel}: {type(exc).__name__}: {exc}"[:500]
 
@@ -548,6 +553,16 @@ class FolderReader:
         """The relative paths whose documents the index may hold now."""
         n = len(self._prefix)
         return (part[n:] for part, pos in self._pos.items() if pos % 3 != 2)
+
+
+def _utf8(rel: str, reader: FolderReader) -> bool:
+    """Whether a name can be a document id (and a partition in the cursor); else it is skipped."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        reader._file_error(rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), exc)
+        return False
+    return True
 
 
 def _relative(path: Path, *roots: Path) -> str | None:
