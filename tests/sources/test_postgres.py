@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("psycopg2")
 
-from streamrag.sources.base import AcknowledgesCommits, ReportsHealth, Wakes  # noqa: E402
-from streamrag.sources.pgoutput import SNAP_BITS, SNAP_DONE, lsn_of  # noqa: E402
-from streamrag.sources.postgres import PostgresReader, PostgresSource  # noqa: E402
-from tests.sources.pg_cluster import Cluster, pg_cluster  # noqa: E402, F401
+from streamrag.sources.base import AcknowledgesCommits, ReportsHealth, Wakes
+from streamrag.sources.pgoutput import SNAP_BITS, SNAP_DONE, lsn_of
+from streamrag.sources.postgres import PostgresReader, PostgresSource
+from tests.sources.pg_cluster import Cluster, pg_cluster  # noqa: F401
 
 pytestmark = pytest.mark.timeout(60)
 _ids = itertools.count()
@@ -105,12 +105,14 @@ def test_snapshot_then_inserts_updates_deletes(db: tuple[Cluster, str]) -> None:
         assert [p for p, _, _ in got] == [snap] * 25
         assert [o for _, o, _ in got] == list(range(25))  # generation 0, in key order
         first = got[0][2]
-        assert first["op"] == "r" and first["before"] is None
-        assert first["after"] == {
-            "id": 1, "body": "row 1", "n": 1, "f": 0.5, "ok": False, "at": "2024-01-02T03:04:05+00:00",
-        }  # fmt: skip
+        assert first["op"] == "r"
+        assert first["before"] is None
+        at = "2024-01-02T03:04:05+00:00"
+        row = {"id": 1, "body": "row 1", "n": 1, "f": 0.5, "ok": False, "at": at}
+        assert first["after"] == row
         assert first["source"]["connector"] == "postgresql"
-        assert first["source"]["table"] == "docs" and first["source"]["schema"] == "public"
+        assert first["source"]["table"] == "docs"
+        assert first["source"]["schema"] == "public"
         cluster.execute("INSERT INTO docs (id, body) VALUES (100, 'new')", dbname=name)
         cluster.execute("UPDATE docs SET body = 'changed' WHERE id = 3", dbname=name)
         cluster.execute("DELETE FROM docs WHERE id = 4", dbname=name)
@@ -121,13 +123,15 @@ def test_snapshot_then_inserts_updates_deletes(db: tuple[Cluster, str]) -> None:
         assert {p for p, _, _ in stream} == {"postgres:pg:wal"}
         assert stream[2][2]["before"] == {"id": 4}  # the replica-identity key
         offsets = [o for _, o, _ in stream]
-        assert offsets == sorted(offsets) and offsets[0] > reader.snapshot()[snap] >> 99
+        assert offsets == sorted(offsets)
+        assert offsets[0] > reader.snapshot()[snap] >> 99
         # Event time is the commit time: after the snapshot's, and near now.
         assert stream[0][2]["source"]["ts_us"] > first["source"]["ts_us"]
         assert abs(stream[0][2]["source"]["ts_us"] / 1e6 - time.time()) < 30
         assert _model(got) == _table(cluster, name)
         health = reader.health()["pg"]
-        assert health["connected"] and health["phase"] == "streaming"
+        assert health["connected"]
+        assert health["phase"] == "streaming"
     finally:
         reader.close()
 
@@ -142,9 +146,14 @@ def test_primary_key_change_is_a_delete_and_a_create(db: tuple[Cluster, str]) ->
         cluster.execute("UPDATE docs SET id = 10, body = 'ten' WHERE id = 1", dbname=name)
         _poll(reader, lambda r: len(r) >= 4, got)
         (_, o1, d), (_, o2, c) = got[2:]
-        assert d["op"] == "d" and d["before"] == {"id": 1} and d["after"] is None
-        assert c["op"] == "c" and c["after"]["id"] == 10 and c["after"]["body"] == "ten"
-        assert o2 == o1 + 1 and lsn_of(o1) == lsn_of(o2)  # one transaction, two offsets
+        assert d["op"] == "d"
+        assert d["before"] == {"id": 1}
+        assert d["after"] is None
+        assert c["op"] == "c"
+        assert c["after"]["id"] == 10
+        assert c["after"]["body"] == "ten"
+        assert o2 == o1 + 1
+        assert lsn_of(o1) == lsn_of(o2)
         assert _model(got) == _table(cluster, name) == {2: "two", 10: "ten"}
     finally:
         reader.close()
@@ -162,8 +171,10 @@ def test_added_and_dropped_columns_and_a_recreated_table(db: tuple[Cluster, str]
         cluster.execute("ALTER TABLE docs DROP COLUMN n", dbname=name)
         cluster.execute("INSERT INTO docs (id, body) VALUES (3, 'three')", dbname=name)
         _poll(reader, lambda r: len(r) >= 3, got)
-        assert got[1][2]["after"]["tag"] == "x" and "n" in got[1][2]["after"]
-        assert "n" not in got[2][2]["after"] and "tag" in got[2][2]["after"]
+        assert got[1][2]["after"]["tag"] == "x"
+        assert "n" in got[1][2]["after"]
+        assert "n" not in got[2][2]["after"]
+        assert "tag" in got[2][2]["after"]
         # Dropped and created again under its name: read again, then followed.
         cluster.execute("DROP TABLE docs", dbname=name)
         cluster.execute("CREATE TABLE docs (id int PRIMARY KEY, body text)", dbname=name)
@@ -205,7 +216,8 @@ def test_a_killed_walsender_is_survived_and_offsets_are_the_same_again(
             cluster.execute("INSERT INTO docs (id, body) VALUES (%s, 'y')", i, dbname=name)
         _poll(reader, lambda r: len(r) >= 10, got)
         health = reader.health()["pg"]
-        assert health["failures"] >= 1 and health["last_error"]
+        assert health["failures"] >= 1
+        assert health["last_error"]
         assert health["connected"]
         assert sorted(e["after"]["id"] for *_, e in got) == list(range(10))  # none twice
     finally:
@@ -272,7 +284,8 @@ def test_a_crash_during_the_snapshot_reads_the_rest_again_and_misses_no_delete(
         later = got[20:]
         gens = {o >> SNAP_BITS for p, o, _ in later if p == snap}
         assert gens == {1}  # a new generation: offsets past what was committed
-        assert [e["op"] for _, _, e in later[39:]] == ["d", "d", "d", "u", "u", "c", "c"][: len(later) - 39]
+        ops = ["d", "d", "d", "u", "u", "c", "c"]
+        assert [e["op"] for _, _, e in later[39:]] == ops[: len(later) - 39]
         _poll(second, lambda r: len(r) >= 20 + 39 + 7, got)
         assert _model(got) == _table(cluster, name)
         assert 2 not in _model(got)
@@ -306,5 +319,6 @@ def test_a_password_never_reaches_the_status(pg_cluster: Cluster, monkeypatch: A
     reader = spec.build()
     assert reader.poll(1024) == []
     report = json.dumps(reader.health())
-    assert "hunter2" not in report and '"connected": false' in report
+    assert "hunter2" not in report
+    assert '"connected": false' in report
     reader.close()
