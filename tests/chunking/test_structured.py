@@ -318,6 +318,12 @@ def test_raw_html_is_split_by_its_headings() -> None:
     assert looks_like_html(page)
     assert not looks_like_html(GUIDE)
     assert not looks_like_html("<b>bold</b> is inline Markdown HTML")
+    readme = (
+        '<p align="center"><img src="logo.png"></p>\n\n# Tool\n\nIt works.\n\n## Use\n\nRun it.'
+    )
+    assert not looks_like_html(readme)
+    assert [c.path for c in StructuredSplitter().chunks(readme)] == ["", "Tool", "Tool > Use"]
+    assert looks_like_html("<!-- saved -->\n<HTML><body># not markdown</body></HTML>")
     chunks = StructuredSplitter(max_tokens=100).chunks(page)
     assert [c.path for c in chunks] == ["Guide", "Guide > Setup"]
     assert chunks[0].text == "Guide\n\nRead this & that."

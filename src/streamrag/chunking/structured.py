@@ -54,7 +54,15 @@ from typing import Any, Protocol, runtime_checkable
 from streamrag.chunking.splitters import count_words
 from streamrag.errors import ArgumentError, MissingDependencyError
 
-__all__ = ["Chunk", "Splitter", "StructuredSplitter", "html_to_markdown", "markdown_sections"]
+__all__ = [
+    "Chunk",
+    "Section",
+    "Splitter",
+    "StructuredSplitter",
+    "html_to_markdown",
+    "looks_like_html",
+    "markdown_sections",
+]
 
 _PURPOSE = "Structure-aware chunking (chunking.splitter: structured)"
 _SEP = " > "
@@ -63,6 +71,8 @@ _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
 _SETEXT = re.compile(r"^ {0,3}(=+|-+)[ \t]*$")
 _NOT_PARAGRAPH = re.compile(r"^ {0,3}(?:[-*+>]|\d+[.)]|#|`{3}|~{3}|\|)")
 _HTML_START = re.compile(r"^\s*<(?:!doctype|!--|[a-z][a-z0-9]*\b)", re.IGNORECASE)
+_HTML_DOC = re.compile(r"^\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body)\b", re.I | re.S)
+_MD_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+\S", re.MULTILINE)
 _HTML_BLOCK_END = re.compile(
     r"</(?:html|body|p|div|h[1-6]|li|ul|ol|section|article|table|pre)\s*>", re.IGNORECASE
 )
@@ -258,8 +268,19 @@ class _HtmlToMarkdown(HTMLParser):
 
 
 def looks_like_html(text: str) -> bool:
-    """Whether ``text`` is an HTML document rather than Markdown or plain text."""
-    return bool(_HTML_START.match(text)) and _HTML_BLOCK_END.search(text) is not None
+    """Whether ``text`` is an HTML document rather than Markdown or plain text.
+
+    A document that opens with ``<!doctype html>``, ``<html>``, ``<head>`` or
+    ``<body>`` is; one that opens with another tag is when it has closing block
+    tags and no Markdown heading line (a README may open with ``<p align=...>``).
+    """
+    if _HTML_DOC.match(text):
+        return True
+    return (
+        bool(_HTML_START.match(text))
+        and _HTML_BLOCK_END.search(text) is not None
+        and _MD_HEADING.search(text) is None
+    )
 
 
 def html_to_markdown(text: str) -> str:
