@@ -1,67 +1,54 @@
 """Redis Streams, read in a consumer group and acknowledged once streamrag has committed.
 
-Each configured stream key is one partition, ``redis:<name>:<stream>``. An
-entry's ``field`` value (``data`` by default) is the record; its ``key_field``
-value, when present, is the record's key, and the millisecond part of its id is
-the record's time.
+Each stream key is one partition, ``redis:<name>:<stream>``. An entry's
+``field`` value (``data`` by default) is the record, its ``key_field`` value
+the record's key, the millisecond part of its id the record's time.
 
-**Offsets.** An entry id ``ms-seq`` becomes the int ``ms * 2**20 + seq``
+**Offsets.** An entry id ``ms-seq`` becomes ``ms * 2**20 + seq``
 (:func:`entry_offset`; :func:`offset_id` turns it back). The packing keeps the
-order of ids, fits 64 bits (ms below 2**43, the year 2248) and makes
+order of ids, fits 63 bits (ms below 2**43, the year 2248) and makes
 ``offset + 1`` the next id there can be, so a batch's ``end_offset`` is its last
 offset plus one. An id whose sequence reaches 2**20 (a million entries in one
-millisecond, or hand-written ids such as ``0-5000000``) cannot be packed: the
-poll raises a :class:`~streamrag.errors.SourceError` naming it, every time,
-rather than skip it. Auto ids (``XADD key * ...``) never come near the limit.
+millisecond, or hand-written ids such as ``0-5000000``) cannot be packed: every
+poll raises a :class:`~streamrag.errors.SourceError` naming it rather than skip
+it. Auto ids (``XADD key * ...``) never come near the limit.
 
-**The consumer group.** The group (``XGROUP CREATE ... MKSTREAM``, from id 0 so
-entries already in the stream are read) is the delivery mechanism; the resume
-position is streamrag's own cursor, as for every source. A reader built at
-``resume`` reads each stream in three steps:
-
-1. it claims (``XAUTOCLAIM ... JUSTID``) the entries that another consumer of
-   the group has held unacknowledged for ``claim_idle_ms`` or more (a consumer
-   that crashed, or this job under an earlier consumer name): they become this
-   consumer's pending entries;
-2. it reads its own pending entries again, in id order (``XREADGROUP`` from id
-   0): what it read before a crash or restart and was not acknowledged, now
-   merged with what it claimed. Entries below the resume position were
-   committed (a crash came between the commit and the ``XACK``): they are
-   acknowledged and skipped. The rest come back at the same offsets, so the
-   changes that were waiting in the batcher at the last commit are found
-   again, and the restart's rewind (:class:`streamrag.runtime.cursor.Rewind`)
-   skips those that were committed;
-3. then new entries (``XREADGROUP ... >``), which all have higher ids.
-
-Claiming before the re-read, not after, keeps each partition's offsets rising.
-Claims happen when the reader starts: entries another consumer has held for
-less than ``claim_idle_ms`` then stay with it (it may be alive), until this
-job's next start. The group belongs to the job: a fresh state directory
-continues where the group stands (to index a stream again from its start,
-destroy the group or name a new one), and a second job reading the same group
-under another consumer name splits the stream with this one.
-
-**Acknowledgement.** ``XACK`` comes only after a commit
-(:meth:`RedisSourceReader.committed`): every entry below the committed position
-that is not waiting in the batcher. Until then the entry stays in the group's
-pending list, which is what a restart reads again.
+**Reading.** The group (created with ``MKSTREAM`` from id 0 if missing, so
+entries already there are read) delivers; streamrag's own cursor is the resume
+position, as for every source. A reader built at ``resume`` reads each stream
+in three steps: (1) it claims (``XAUTOCLAIM ... JUSTID``) what other consumers
+of the group held unacknowledged for ``claim_idle_ms`` or more (one that
+crashed, or this job under an earlier consumer name); (2) it reads its own
+pending entries again in id order (``XREADGROUP`` from id 0), now merged with
+what it claimed: those below the resume position were committed (the crash came
+between the commit and the ``XACK``) and are acknowledged and skipped, the rest
+come back at the same offsets, so the changes waiting in the batcher at the last
+commit are found again (:class:`streamrag.runtime.cursor.Rewind` skips those
+committed since); (3) new entries (``XREADGROUP ... >``), all with higher ids.
+Claiming before the re-read keeps each partition's offsets rising. Claims happen
+at the start only: entries another consumer has held for less than
+``claim_idle_ms`` stay with it (it may be alive). The group belongs to the job: a
+fresh state directory continues where the group stands (destroy the group, or
+name a new one, to index a stream from its start again).
 
 **Delivery.** Exactly once into the index (the cursor decides); at least once
-from Redis's point of view. An entry without ``field`` is still one record: its
-line is a short text that no decoder accepts (it starts with ``<``), naming
-the missing field and the fields the entry has, so it becomes one dead letter
-at its offset; so does a pending entry that was deleted (``XDEL``, trimming)
-before it was committed.
+from Redis's point of view. ``XACK`` comes only after a commit
+(:meth:`RedisSourceReader.committed`): every entry below the committed position
+that is not waiting in the batcher; until then it stays in the group's pending
+list, which is what a restart reads again. An entry without ``field`` is still
+one record: its line is a short text no decoder accepts (it starts with ``<``)
+naming the missing field and the fields present, so it becomes one dead letter
+at its offset; so does a pending entry deleted (``XDEL``, trimming) before its
+commit.
 
-**Connections.** Every call has short socket timeouts and no client-side
-retries; a failure is recorded in :class:`~streamrag.sources.health.ConnectionHealth`
-and the poll returns nothing until the back-off has run, then reconnects. After
-a lost connection the reader first reads its pending entries again from the
-last one it had (a reply lost in flight), then goes on with new ones. A
-background thread waits on a separate connection with ``XREAD BLOCK`` (which
-consumes nothing of the group) and wakes the job when an entry arrives. Normal
-polls take well under a millisecond on a local server; a server that stops
-answering can hold one up to the socket timeout (:data:`SOCKET_TIMEOUT_S`).
+**Connections.** Calls have short socket timeouts and no client-side retries;
+a failure goes to :class:`~streamrag.sources.health.ConnectionHealth` and the
+poll returns nothing until the back-off has run, then reconnects and first reads
+its pending entries again from the last one it had (a reply lost in flight). A
+background thread waits with ``XREAD BLOCK`` on its own connection (consuming
+nothing of the group) and wakes the job when an entry arrives. A poll takes well
+under a millisecond on a local server; a server that stops answering can hold
+one up to :data:`SOCKET_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -88,14 +75,7 @@ from streamrag.sources.base import RawBatch
 from streamrag.sources.health import ConnectionHealth, redact
 from streamrag.timing import US_PER_MS, Clock
 
-__all__ = [
-    "SEQ_BITS",
-    "SOCKET_TIMEOUT_S",
-    "RedisSource",
-    "RedisSourceReader",
-    "entry_offset",
-    "offset_id",
-]
+__all__ = ["SEQ_BITS", "RedisSource", "RedisSourceReader", "entry_offset", "offset_id"]
 
 log = logging.getLogger("streamrag.sources.redis")
 
@@ -110,7 +90,7 @@ CONNECT_TIMEOUT_S = 2.0
 """Longest wait for a new connection."""
 
 _MAX_COUNT = 1000
-_CLAIM_PAGE = 1000
+_PAGE = ("COUNT", 1000, "JUSTID")
 _WAKE_BLOCK_MS = 500
 _SETUP, _CLAIM, _PEL, _LIVE = "setup", "claim", "pel", "live"
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -149,11 +129,9 @@ class RedisSource:
 
     Delivery: exactly once into the index. The resume position of partition
     ``redis:<name>:<stream>`` is the packed id (:func:`entry_offset`) after the
-    last entry returned; on a restart the reader claims what crashed consumers
-    of the group held, reads its own pending entries again at the same offsets
-    (skipping, and acknowledging, those below the resume position) and then new
-    ones. Entries are acknowledged (``XACK``) only once a commit holds them.
-    See the module docstring.
+    last entry returned. A restart claims what crashed consumers held, reads
+    its own pending entries again at the same offsets, then new ones; ``XACK``
+    comes only once a commit holds an entry (see the module docstring).
     """
 
     name: str
@@ -184,18 +162,9 @@ class RedisSource:
     @classmethod
     def from_settings(cls, spec: RedisSourceSettings) -> RedisSource:
         """The source a ``sources:`` entry of kind ``redis`` describes."""
-        return cls(
-            name=spec.name,
-            streams=tuple(spec.streams),
-            url=spec.url,
-            password_env=spec.password_env,
-            group=spec.group,
-            consumer=spec.consumer,
-            field=spec.field,
-            key_field=spec.key_field,
-            claim_idle_ms=spec.claim_idle_ms,
-            decoder=spec.name,
-        )
+        same = {"url", "password_env", "group", "consumer", "field", "key_field", "claim_idle_ms"}
+        args = spec.model_dump(include=same)
+        return cls(name=spec.name, streams=tuple(spec.streams), decoder=spec.name, **args)
 
     def partition(self, stream: str) -> str:
         """The partition name of a stream key."""
@@ -243,8 +212,12 @@ class _Stream:
         self.last_delivered: bytes | None = None
 
     def position(self) -> int:
-        returned = -1 if self.returned is None else self.returned
-        return max(self.floor, returned + 1)
+        return self.floor if self.returned is None else max(self.floor, self.returned + 1)
+
+    def report(self) -> dict[str, Any]:
+        lag = None if self.lag is None else self.lag + len(self.buffer)
+        position = offset_id(self.position())
+        return {"lag": lag, "pending": self.pending, "phase": self.phase, "position": position}
 
 
 class RedisSourceReader:
@@ -292,18 +265,13 @@ class RedisSourceReader:
                 socket_timeout=SOCKET_TIMEOUT_S,
                 socket_connect_timeout=CONNECT_TIMEOUT_S,
                 client_name=name,
+                protocol=2,
             )
         except ValueError as exc:
             msg = f"redis source {spec.name!r}: url {redact(str(exc), self.conn.secrets)}"
             raise ConfigError(msg) from None
         client.set_response_callback("XAUTOCLAIM", _raw)
         return client
-
-    def health_text(self, text: str) -> str:
-        """``text`` with the password left out."""
-        from streamrag.sources.health import redact
-
-        return redact(text, self.conn.secrets)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -402,8 +370,9 @@ class RedisSourceReader:
         """Take over what other consumers held for claim_idle_ms (it is read with the PEL)."""
         claimed = 0
         while True:
+            who = (st.key, self._group, self._consumer, self._spec.claim_idle_ms)
             try:
-                reply = self._autoclaim(st)
+                reply = self._client.execute_command("XAUTOCLAIM", *who, st.claim_from, *_PAGE)
             except ResponseError as exc:
                 if "NOGROUP" not in str(exc):
                     raise
@@ -418,19 +387,6 @@ class RedisSourceReader:
             log.info("redis %s: %d pending entries idle long enough taken over", st.key, claimed)
         st.phase = _PEL
         st.pel_from = st.fetched_id or "0-0"
-
-    def _autoclaim(self, st: _Stream) -> Any:
-        return self._client.execute_command(
-            "XAUTOCLAIM",
-            st.key,
-            self._group,
-            self._consumer,
-            self._spec.claim_idle_ms,
-            st.claim_from,
-            "COUNT",
-            _CLAIM_PAGE,
-            "JUSTID",
-        )
 
     def _with_gone(self, st: _Stream, entries: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
         """Pending entries read again, with those the claim found deleted in their place."""
@@ -456,11 +412,7 @@ class RedisSourceReader:
                 log.warning("redis %s: the consumer group is gone; creating it again", st.key)
                 self._create_group(st)
                 continue
-            if not reply:
-                return []
-            if isinstance(reply, dict):  # RESP3
-                return list(next(iter(reply.values()))[0]) if reply else []
-            return list(reply[0][1])
+            return list(reply[0][1]) if reply else []
         return []
 
     def _accept(self, st: _Stream, entries: Sequence[tuple[bytes, Any]]) -> bool:
@@ -632,17 +584,11 @@ class RedisSourceReader:
             pipe.xinfo_groups(st.key)
         replies = pipe.execute(raise_on_error=False)
         for st, groups in zip(self._streams, replies, strict=True):
-            if isinstance(groups, ResponseError):  # the stream is not there (yet)
-                st.lag, st.pending, st.last_delivered = None, None, None
-                continue
-            if isinstance(groups, Exception):
+            if isinstance(groups, Exception) and not isinstance(groups, ResponseError):
                 raise groups
-            mine = [g for g in groups if _text(g.get("name", b"")) == self._group]
-            if not mine:
-                st.lag, st.pending, st.last_delivered = None, None, None
-                continue
-            st.lag = mine[0].get("lag")
-            st.pending = mine[0].get("pending")
+            mine = [] if isinstance(groups, ResponseError) else groups  # no stream (yet)
+            mine = [g for g in mine if _text(g.get("name", b"")) == self._group] or [{}]
+            st.lag, st.pending = mine[0].get("lag"), mine[0].get("pending")
             st.last_delivered = mine[0].get("last-delivered-id")
 
     def health(self) -> dict[str, Any]:
@@ -656,20 +602,12 @@ class RedisSourceReader:
                 self.conn.failed(exc)
             finally:
                 self._io.release()
-        streams = {
-            st.key: {
-                "lag": None if st.lag is None else st.lag + len(st.buffer),
-                "pending": st.pending,
-                "phase": st.phase,
-                "position": offset_id(st.position()),
-            }
-            for st in self._streams
-        }
+        streams = {st.key: st.report() for st in self._streams}
         lags = [s["lag"] for s in streams.values()]
         pending = [s["pending"] for s in streams.values()]
         report = self.conn.report(
-            lag=None if None in lags else sum(x for x in lags if x is not None),
-            pending=None if None in pending else sum(x for x in pending if x is not None),
+            lag=None if None in lags else sum(lags),
+            pending=None if None in pending else sum(pending),
             group=self._group,
             consumer=self._consumer,
             acked=self.acked,
@@ -698,12 +636,7 @@ class RedisSourceReader:
 
 
 class _Waker(threading.Thread):
-    """Blocks in ``XREAD`` on its own connection and sets the event when a stream grows.
-
-    It reads one entry past the newest it knows, then jumps to the stream's
-    newest entry, so a backlog costs it two round trips, not one per entry. It
-    consumes nothing of the group.
-    """
+    """Blocks in ``XREAD`` past each stream's newest entry; sets the event when one grows."""
 
     def __init__(self, client: Any, keys: list[str], event: threading.Event) -> None:
         super().__init__(name="streamrag-redis-wake", daemon=True)
@@ -722,7 +655,7 @@ class _Waker(threading.Thread):
                     self.event.set()  # connected (again): what came meanwhile is for a poll
                 got = self.client.xread(dict(tails), count=1, block=_WAKE_BLOCK_MS)
                 wait = 0.2
-                for key, entries in _stream_replies(got):
+                for key, entries in got or []:
                     if entries:
                         self.event.set()
                         tails[_text(key)] = self._tail(_text(key))
@@ -743,14 +676,6 @@ class _Waker(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=2 * _WAKE_BLOCK_MS / 1000 + 1)
-
-
-def _stream_replies(reply: Any) -> list[tuple[Any, list[Any]]]:
-    if not reply:
-        return []
-    if isinstance(reply, dict):  # RESP3
-        return [(k, v[0]) for k, v in reply.items()]
-    return [(k, v) for k, v in reply]
 
 
 def _password(spec: RedisSource) -> str | None:
