@@ -481,3 +481,89 @@ def test_from_settings_names_the_decoder_and_pickles() -> None:
     assert pickle.loads(pickle.dumps(spec)) == spec
     assert spec.owns("nats:q:S")
     assert not spec.owns("nats:q:T")
+
+
+def test_a_subject_filter_reads_only_its_messages_at_their_sequences(
+    js: Js, stream: str, readers: list[NatsReader]
+) -> None:
+    a1 = js.publish(stream, b'{"a": 1}', subject="a")
+    js.publish(stream, b'{"b": 1}', subject="b")
+    a2 = js.publish(stream, b'{"a": 2}', subject="a")
+    src = _mk(stream, subject=f"{stream}.a")
+    reader = src.build()
+    readers.append(reader)
+    assert flat(read(reader, 2)) == [(a1[0], b'{"a": 1}'), (a2[0], b'{"a": 2}')]
+    assert reader.snapshot() == {src.partition: a2[0] + 1}
+
+
+def test_messages_gone_before_they_were_read_are_counted_and_reading_goes_on(
+    js: Js, stream: str, readers: list[NatsReader]
+) -> None:
+    seqs = js.publish(stream, *_records(5))
+    js.run(js.jsm.purge_stream(stream))  # 1..5 gone; the stream keeps its sequence
+    src = _mk(stream)
+    reader = src.build({src.partition: seqs[2]})  # 3, 4, 5 were never read
+    readers.append(reader)
+    wait_for(lambda: reader.health()["q"]["connected"], 5, "the connection")
+    assert reader.health()["q"]["expired"] == 3
+    later = js.publish(stream, b'{"after": 1}')
+    assert flat(read(reader, 1)) == [(later[0], b'{"after": 1}')]
+
+
+def test_ack_subjects_of_both_forms_are_read() -> None:
+    from streamrag.sources.nats import _ack_fields
+
+    assert _ack_fields("$JS.ACK.S.dur.1.42.7.1700000000123456789.3") == (42, 1700000000123456, 3)
+    v2 = "$JS.ACK.dom.ACCHASH.S.dur.2.42.8.1700000000123456789.0.tok"
+    assert _ack_fields(v2) == (42, 1700000000123456, 0)
+    with pytest.raises(SourceError):
+        _ack_fields("_INBOX.abc")
+
+
+# -- for the Source contract suite (tests/contracts/test_source_contract.py) --------
+
+_CONTRACT_JS: list[Js] = []
+
+
+class NatsWriter:
+    """Publishes records to a JetStream stream (one message each).
+
+    Fits the suite's ``Writer``: a message is always whole (no partial records),
+    and ``truncate`` deletes the stream and makes it again, as an operator
+    replacing it would (its sequences start over, below a reader's resume position).
+    """
+
+    def __init__(self, js: Js, stream: str) -> None:
+        self.js, self.stream = js, stream
+
+    def append(self, *records: bytes) -> None:
+        self.js.publish(self.stream, *records)
+
+    def append_partial(self, head: bytes) -> None:
+        raise NotImplementedError("a NATS message is always whole")
+
+    def finish_partial(self, rest: bytes) -> None:
+        raise NotImplementedError("a NATS message is always whole")
+
+    def truncate(self) -> None:
+        self.js.run(self.js.jsm.delete_stream(self.stream))
+        _add_contract_stream(self.js, self.stream)
+
+
+def _add_contract_stream(js: Js, name: str) -> None:
+    # Nobody deletes the suite's streams: they expire after ten minutes.
+    js.run(js.jsm.add_stream(name=name, subjects=[f"{name}.>"], max_age=600))
+
+
+def make_nats_case(tmp: Path) -> tuple[NatsSource, NatsWriter]:
+    """A new stream on 127.0.0.1:4222 and a source over it (a ``Case.make`` for the suite)."""
+    if not _up(SERVER):
+        pytest.skip("no NATS server at 127.0.0.1:4222")
+    if not _CONTRACT_JS:
+        _CONTRACT_JS.append(Js())
+    js = _CONTRACT_JS[0]
+    stream = "SRC" + uuid.uuid4().hex[:10]
+    _add_contract_stream(js, stream)
+    return NatsSource("contract", stream, durable="c" + uuid.uuid4().hex[:8]), NatsWriter(
+        js, stream
+    )

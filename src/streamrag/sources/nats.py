@@ -93,13 +93,22 @@ class NatsSource:
     nak'ed by anyone else). The restart is then prompt and exact: every message
     from ``R`` on comes again at once, at the same sequences. Without a resume
     position the durable is made to start at the beginning of the stream. The
-    durable therefore belongs to one job: two jobs must not share it.
+    durable therefore belongs to one job: two jobs (or two readers of one spec
+    at once) must not share it. The messages a restart reads again below the
+    committed position, which the job skips, are acked with its next commit; an
+    ack the server lost (it was killed before writing its consumer state) comes
+    back as a redelivery after ``ack_wait`` and is acked at once.
+
+    ``backlog_bytes`` is an estimate: the queued bytes plus the consumer's
+    undelivered messages (refreshed every second) at their mean size. A stream
+    has no end, so ``streamrag run --once`` over it stops at its first empty poll.
 
     A resume position past the end of the stream (the stream was deleted and
     made again) is a :class:`~streamrag.errors.SourceError`; one below the
-    stream's first sequence (its limits dropped messages streamrag never read)
-    is logged as an error, counted in health as ``expired``, and reading goes
-    on from the first message there is.
+    stream's first sequence (its limits dropped, or a purge removed, messages
+    streamrag never read) is logged as an error, counted in health as
+    ``expired`` (sequences, not all of them this source's when it filters a
+    subject), and reading goes on from the first message there is.
 
     **Keys and times.** ``keys[i]`` is the message's ``key_header`` header when
     it has one (a producer of Debezium events puts the record key there, so a
@@ -443,7 +452,7 @@ class NatsReader:
                 "again. Delete the state directory to index the new stream from its start."
             )
             raise SourceError(msg)
-        if startup and first > start and last >= first:
+        if startup and first > start and start <= last:  # dropped by its limits, or purged
             self.expired = first - start
             log.error(
                 "%s: stream %s no longer holds sequences %d..%d, which streamrag had not "
