@@ -199,8 +199,13 @@ def test_initial_load_reads_what_the_stream_holds_in_order(
     admin.xadd(stream, {"other": "x"})  # no key field: key None
     source = _source(stream)
     reader = readers(source)
-    assert isinstance(reader, AcknowledgesCommits | Wakes | ReportsHealth)
+    assert isinstance(reader, AcknowledgesCommits)
+    assert isinstance(reader, Wakes)
+    assert isinstance(reader, ReportsHealth)
     assert reader.backlog_bytes() >= sum(len(_change(i)) for i in range(30))
+    before = reader.health()["r"]
+    assert before["lag"] == 31
+    assert before["pending"] == 0
     batches = reader.poll(1 << 20)
     assert len(batches) == 1
     b = batches[0]
@@ -221,6 +226,12 @@ def test_initial_load_reads_what_the_stream_holds_in_order(
     assert reader.backlog_bytes() == 0
     # Nothing is acknowledged before a commit: all 31 wait in this consumer's PEL.
     assert len(_pending(admin, stream)["streamrag"]) == 31
+    after = reader.health()["r"]
+    assert after["connected"] is True
+    assert after["lag"] == 0
+    assert after["pending"] == 31
+    reader.committed(reader.snapshot(), {})
+    assert reader.health()["r"]["pending"] == 0
 
 
 def test_live_entries_wake_the_job_and_come_in_order(
@@ -460,6 +471,34 @@ def test_client_kill_of_the_readers_connections_is_survived(
     _wait(woke.is_set, 10, "a wake-up after the kill")
     assert [o for o, _ in _drain(reader)] == [entry_offset(last[0])]
     assert reader.health()["r"]["connected"] is True
+
+
+def test_entries_whose_reply_was_lost_in_flight_are_read_from_the_pel_after_reconnecting(
+    admin: redis.Redis,
+    stream: str,
+    readers: Callable[..., RedisSourceReader],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = ManualClock(0)
+    reader = readers(_source(stream, clock=clock))
+    ids = _add(admin, stream, 3)
+    got = _drain(reader)
+    ids += _add(admin, stream, 4, start=3)
+    client = reader._client
+    real = client.xreadgroup
+
+    def lost_reply(*args: Any, **kw: Any) -> Any:
+        real(*args, **kw)  # the server delivers (into this consumer's PEL) ...
+        monkeypatch.setattr(client, "xreadgroup", real)
+        raise redis.ConnectionError("Connection closed by server.")  # ... the reply is lost
+
+    monkeypatch.setattr(client, "xreadgroup", lost_reply)
+    assert reader.poll(1 << 20) == []
+    assert reader.health()["r"]["connected"] is False
+    clock.advance_us(60_000_000)
+    got += _drain(reader)
+    assert [o for o, _ in got] == [entry_offset(i) for i in ids]  # none lost, none twice
+    assert reader.health()["r"]["last_error"] == "ConnectionError: Connection closed by server."
 
 
 @pytest.fixture

@@ -385,8 +385,7 @@ class RedisSourceReader:
             st.claim_from = reply[0]
         if claimed:
             log.info("redis %s: %d pending entries idle long enough taken over", st.key, claimed)
-        st.phase = _PEL
-        st.pel_from = st.fetched_id or "0-0"
+        st.phase, st.pel_from = _PEL, st.fetched_id or "0-0"
 
     def _with_gone(self, st: _Stream, entries: list[tuple[bytes, Any]]) -> list[tuple[bytes, Any]]:
         """Pending entries read again, with those the claim found deleted in their place."""
@@ -492,8 +491,7 @@ class RedisSourceReader:
         log.warning("redis source %s: %s", self._spec.name, self.conn.last_error)
         for st in self._streams:
             if st.phase == _LIVE:
-                st.phase = _PEL
-                st.pel_from = st.fetched_id or "0-0"
+                st.phase, st.pel_from = _PEL, st.fetched_id or "0-0"
 
     # -- acknowledging -----------------------------------------------------------------
 
@@ -559,9 +557,6 @@ class RedisSourceReader:
         return buffered + self._remote
 
     def _remote_backlog(self) -> int:
-        for st in self._streams:
-            if st.phase == _SETUP:
-                self._setup(st)
         self._refresh()
         total = 0
         for st in self._streams:
@@ -579,6 +574,9 @@ class RedisSourceReader:
 
     def _refresh(self) -> None:
         """Lag, pending count and last delivered id of the group, per stream (one round trip)."""
+        for st in self._streams:
+            if st.phase == _SETUP:
+                self._setup(st)  # the group must be there to say how far behind it is
         pipe = self._client.pipeline(transaction=False)
         for st in self._streams:
             pipe.xinfo_groups(st.key)
@@ -600,6 +598,8 @@ class RedisSourceReader:
                     self.conn.ok()
             except RedisError as exc:
                 self.conn.failed(exc)
+            except SourceError:
+                pass  # the poll says so
             finally:
                 self._io.release()
         streams = {st.key: st.report() for st in self._streams}
