@@ -60,7 +60,7 @@ class Cluster:
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.root}'\n"
                 "wal_level = logical\nmax_replication_slots = 20\nmax_wal_senders = 20\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "fsync = off\nfull_page_writes = off\n"
                 "wal_sender_timeout = 10s\nmax_connections = 100\n"
             )
         self._run(
@@ -83,7 +83,7 @@ class Cluster:
         return f"host=127.0.0.1 port={self.port} user={self.user} dbname={dbname}"
 
     def connect(self, dbname: str = "postgres") -> Any:
-        import psycopg2
+        import psycopg2  # type: ignore[import-untyped]
 
         conn = psycopg2.connect(self.dsn(dbname))
         conn.autocommit = True

@@ -77,7 +77,7 @@ def _model(records: list[Rec]) -> dict[int, str]:
 
 
 def _table(cluster: Cluster, name: str) -> dict[int, str]:
-    return dict(cluster.execute("SELECT id, body FROM docs", dbname=name))  # type: ignore[arg-type]
+    return {int(k): str(v) for k, v in cluster.execute("SELECT id, body FROM docs", dbname=name)}
 
 
 def _slot_lsn(cluster: Cluster, name: str) -> int:
