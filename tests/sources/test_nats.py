@@ -142,7 +142,7 @@ def read(
     def more() -> bool:
         started = time.perf_counter()
         got.extend(reader.poll(max_bytes))
-        assert time.perf_counter() - started < 0.05, "poll blocked"
+        assert time.perf_counter() - started < 0.25, "poll blocked"
         return sum(len(b) for b in got) >= n
 
     wait_for(more, timeout, f"{n} records")
@@ -306,9 +306,11 @@ def test_backpressure_bounds_what_is_pulled(js: Js, stream: str, readers: list[N
     reader = src.build()
     readers.append(reader)
     wait_for(lambda: reader.health()["q"]["queued"] == 16, 5, "a full queue")
-    time.sleep(0.3)  # give a broken bound the chance to overfill
+    # The server answers a pull at once: had the reader asked for more, it would have it.
+    info = js.consumer(stream, src.durable)
+    assert info.delivered.stream_seq == 16, "the server keeps the rest"
+    assert info.num_pending == 184
     assert reader.health()["q"]["queued"] == 16
-    assert js.consumer(stream, src.durable).num_ack_pending <= 16, "the server keeps the rest"
     got = read(reader, 200, timeout=20)
     assert [o for o, _ in flat(got)] == list(range(1, 201))
 
@@ -425,7 +427,8 @@ def test_a_server_restart_is_survived_without_loss(
         server.kill()
         wait_for(lambda: not reader.health()["q"]["connected"], 10, "the reader to see the drop")
         assert reader.poll(1 << 20) == [], "a lost connection is no error out of poll"
-        time.sleep(2.0 if attempts == 2 else 0.5)  # down long enough for the client to give up
+        if attempts == 2:  # down until the client gives up and the reader takes over
+            wait_for(lambda: reader.health()["q"]["failures"] >= 2, 20, "the client to give up")
         server.start()
         wait_for(lambda: reader.health()["q"]["connected"], 20, "the reconnect")
         health = reader.health()["q"]
