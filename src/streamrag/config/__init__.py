@@ -137,6 +137,17 @@ class ChunkingSettings(_Frozen):
         "embedder",
         description="Count tokens with the embedder's tokenizer when it has one, or as words.",
     )
+    splitter: Literal["tokens", "structured"] = Field(
+        "tokens",
+        description="tokens: token windows with overlap; structured: chunks that respect "
+        "Markdown/HTML sections, code blocks and sentences (needs streamrag[documents]; "
+        "best for documents: docs/performance.md).",
+    )
+    heading_path: bool = Field(
+        True,
+        description="structured only: begin each chunk with its heading path "
+        "('Install > Linux'), which is embedded and returned with the chunk.",
+    )
 
 
 class BatcherSettings(_Frozen):

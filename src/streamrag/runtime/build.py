@@ -14,8 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
-from streamrag.chunking import TokenSplitter, count_words
-from streamrag.config import JsonlSourceSettings, Settings, SourceSpec
+from streamrag.chunking import Splitter, StructuredSplitter, TokenSplitter, count_words
+from streamrag.config import (
+    FolderSourceSettings,
+    JsonlSourceSettings,
+    PostgresSourceSettings,
+    Settings,
+    SourceSpec,
+)
 from streamrag.embed.base import CountsTokens, Embedder
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.errors import MissingDependencyError
@@ -147,24 +153,21 @@ def build_decoders(settings: Settings) -> DecoderSet:
 
 
 def _decoder(spec: SourceSpec, limits: dict[str, Any]) -> RecordDecoder:
-    kind = spec.kind
-    if kind == "folder":
+    """The decoder of one connector's records (imported only when configured)."""
+    if isinstance(spec, FolderSourceSettings):
         from streamrag.ingest.documents import DocumentDecoder
 
         return DocumentDecoder.from_settings(spec, **limits)
-    if kind == "postgres":
+    if isinstance(spec, JsonlSourceSettings):
+        return Decoder(**limits)
+    if isinstance(spec, PostgresSourceSettings) or spec.format == "debezium":
         from streamrag.ingest.debezium import DebeziumDecoder
 
         return DebeziumDecoder.from_settings(spec, **limits)
-    fmt = getattr(spec, "format", "change")
-    if fmt == "row":
+    if spec.format == "row":
         from streamrag.ingest.rows import RowDecoder
 
         return RowDecoder.from_settings(spec, **limits)
-    if fmt == "debezium":
-        from streamrag.ingest.debezium import DebeziumDecoder
-
-        return DebeziumDecoder.from_settings(spec, **limits)
     return Decoder(**limits)
 
 
@@ -184,12 +187,19 @@ def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:
     )
 
 
-def build_splitter(settings: Settings, embedder: Embedder) -> TokenSplitter:
+def build_splitter(settings: Settings, embedder: Embedder) -> Splitter:
     """Chunk in the embedder's own tokens when it can count them."""
     chunking = settings.chunking
     count = count_words
     if chunking.tokens != "words" and isinstance(embedder, CountsTokens):
         count = embedder.count_tokens
+    if chunking.splitter == "structured":
+        return StructuredSplitter(
+            chunking.max_tokens,
+            chunking.overlap_tokens,
+            count_tokens=count,
+            headers=chunking.heading_path,
+        )
     return TokenSplitter(chunking.max_tokens, chunking.overlap_tokens, count_tokens=count)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from streamrag.batching import MicroBatcher
-from streamrag.chunking import TokenSplitter
+from streamrag.chunking import Splitter, TokenSplitter
 from streamrag.embed.base import Embedder
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.errors import StreamragError
@@ -69,7 +69,7 @@ class Pipeline:
         dead_letters: DeadLetterStore,
         clock: Clock,
         batcher: MicroBatcher | None = None,
-        splitter: TokenSplitter | None = None,
+        splitter: Splitter | None = None,
         decoder: RecordDecoder | None = None,
         event_time: EventTimeStage | None = None,
         metrics: Metrics | None = None,
@@ -117,7 +117,7 @@ class Pipeline:
             self.keeper.restore(self.event_time)
 
     def _intake(
-        self, decoder: RecordDecoder | None, splitter: TokenSplitter | None, max_read_bytes: int
+        self, decoder: RecordDecoder | None, splitter: Splitter | None, max_read_bytes: int
     ) -> Intake:
         return Intake(
             reader=self.reader,

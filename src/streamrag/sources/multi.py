@@ -65,8 +65,9 @@ class MultiSourceReader:
                 break
             got = reader.poll(budget, final=final)
             out.extend(got)
-            # A batch may carry only a watermark, and no lines.
-            budget -= sum(b.end_offset - b.offsets[0] for b in got if b.offsets)
+            # Bytes of the records, not offset spans: offsets need not count bytes
+            # (a Redis id, a log sequence number). A batch may carry only a watermark.
+            budget -= sum(len(line) for b in got for line in b.lines)
         return out
 
     def committed(self, positions: Mapping[str, int], waiting: Mapping[str, Sequence[int]]) -> None:
