@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -155,6 +157,46 @@ def test_primary_key_change_is_a_delete_and_a_create(db: tuple[Cluster, str]) ->
         assert o2 == o1 + 1
         assert lsn_of(o1) == lsn_of(o2)
         assert _model(got) == _table(cluster, name) == {2: "two", 10: "ten"}
+    finally:
+        reader.close()
+
+
+def test_an_update_that_leaves_a_large_text_alone_still_carries_it(
+    db: tuple[Cluster, str],
+) -> None:
+    cluster, name = db
+    rng = random.Random(1)
+    big = "".join(rng.choice("abcdefghij klmnop") for _ in range(40_000))
+    cluster.execute("INSERT INTO docs (id, body, n) VALUES (1, %s, 1)", big, dbname=name)
+    reader = _spec(cluster, name).build()
+    got: list[Rec] = []
+    try:
+        _poll(reader, lambda r: len(r) >= 1, got)
+        cluster.execute("UPDATE docs SET n = 2 WHERE id = 1", dbname=name)  # body stays in TOAST
+        _poll(reader, lambda r: len(r) >= 2, got)
+        update = got[1][2]
+        assert update["op"] == "u"
+        assert update["after"]["n"] == 2
+        assert update["after"]["body"] == big
+    finally:
+        reader.close()
+
+
+def test_an_idle_reader_wakes_the_job_when_a_change_arrives(db: tuple[Cluster, str]) -> None:
+    cluster, name = db
+    reader = _spec(cluster, name, status_interval_s=10.0).build()
+    event = threading.Event()
+    reader.wake_on(event)
+    got: list[Rec] = []
+    try:
+        _poll(reader, lambda r: reader.health()["pg"]["phase"] == "streaming", got)
+        for _ in range(5):  # caught up: nothing left to read
+            reader.poll(1 << 20)
+        event.clear()
+        assert not event.wait(0.3)  # idle: no wake-up without data (the safety tick is 5 s)
+        cluster.execute("INSERT INTO docs (id, body) VALUES (1, 'one')", dbname=name)
+        assert event.wait(0.5)
+        _poll(reader, lambda r: len(r) >= 1, got)
     finally:
         reader.close()
 

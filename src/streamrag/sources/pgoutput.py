@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from streamrag.errors import DecodeError
+from streamrag.sources.base import RawBatch
 
 __all__ = [
     "ROW_BITS",
@@ -36,6 +38,8 @@ __all__ = [
     "Insert",
     "Message",
     "Other",
+    "Out",
+    "Outbox",
     "Relation",
     "Truncate",
     "TypeMsg",
@@ -388,3 +392,73 @@ def envelope(
     }
     body = {"before": before, "after": after, "op": op, "source": source}
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+# -- records read and not handed out yet --------------------------------------------
+
+
+@dataclass(slots=True)
+class Out:
+    """One record of a partition (or, with ``line`` None, only a new position)."""
+
+    partition: str
+    line: bytes | None
+    offset: int
+    end: int
+    time_us: int
+
+
+class Outbox:
+    """Records in the order they were read, handed out as :class:`RawBatch` runs.
+
+    >>> box = Outbox("pg")
+    >>> box.push(Out("wal", b"a", 8, 9, 5)); box.push(Out("wal", None, 16, 16, 5))
+    >>> positions = {}
+    >>> [(b.offsets, b.end_offset) for b in box.drain(1 << 20, positions)], positions
+    ([([8], 16)], {'wal': 16})
+    """
+
+    def __init__(self, decoder: str) -> None:
+        self.decoder = decoder
+        self.items: deque[Out] = deque()
+        self.bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def push(self, out: Out) -> None:
+        """Queue a record or a position."""
+        self.items.append(out)
+        self.bytes += len(out.line or b"")
+
+    def drain(self, max_bytes: int, positions: dict[str, int]) -> list[RawBatch]:
+        """About ``max_bytes`` of records (at least one); ``positions`` moves past them."""
+        batches: list[RawBatch] = []
+        budget = max_bytes
+        lines: list[bytes] = []
+        offsets: list[int] = []
+        times: list[int | None] = []
+        part: str | None = None
+        while self.items and (budget > 0 or not batches):
+            item = self.items.popleft()
+            size = len(item.line or b"")
+            self.bytes -= size
+            budget -= size
+            positions[item.partition] = item.end
+            if item.line is None:
+                if batches and part == item.partition:
+                    batches[-1] = self._batch(part, lines, offsets, times, item.end)
+                continue
+            if part != item.partition or not batches:
+                part, lines, offsets, times = item.partition, [], [], []
+                batches.append(self._batch(part, lines, offsets, times, item.end))
+            lines.append(item.line)
+            offsets.append(item.offset)
+            times.append(item.time_us)
+            batches[-1] = self._batch(part, lines, offsets, times, item.end)
+        return batches
+
+    def _batch(
+        self, part: str, lines: list[bytes], offsets: list[int], times: list[int | None], end: int
+    ) -> RawBatch:
+        return RawBatch(part, lines, offsets, end, decoder=self.decoder, times=times)

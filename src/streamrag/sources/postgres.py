@@ -34,7 +34,6 @@ import os
 import select
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +92,9 @@ class PostgresSource:
     reader sees it, adds the new table and reads it again (a new snapshot
     generation); rows of the old table that the new one lacks stay in the
     index (DROP TABLE writes no deletes), which ``/v1/status`` says.
-    TRUNCATE is not applied (its rows are not listed); status says so.
+    TRUNCATE is not applied (its rows are not listed); status says so. A large
+    value that an UPDATE did not touch (TOAST) is not in the stream: it is read
+    from the table by key.
     """
 
     name: str
@@ -144,15 +145,6 @@ class _Table:
     keys: tuple[str, ...]
 
 
-@dataclass(slots=True)
-class _Out:
-    partition: str
-    line: bytes | None  # None: only the position moves
-    offset: int
-    end: int
-    time_us: int
-
-
 class _Txn:
     __slots__ = ("commit_us", "rows")
 
@@ -177,8 +169,7 @@ class PostgresReader:
         self._gens: dict[str, int] = {}
         self._skip_below = resume.get(self._wal, 0)
         self._wal_read: int | None = resume.get(self._wal)
-        self._out: deque[_Out] = deque()
-        self._out_bytes = 0
+        self._out = pg.Outbox(spec.name)
         self._conn: Any = None
         self._repl: Any = None
         self._rcur: Any = None
@@ -223,7 +214,7 @@ class PostgresReader:
 
     def backlog_bytes(self) -> int:
         """Bytes read from the server and not handed out yet."""
-        return self._out_bytes
+        return self._out.bytes
 
     def close(self) -> None:
         """Stop the waker and close the connections (the slot stays)."""
@@ -478,11 +469,11 @@ class PostgresReader:
         for row in rows:
             after = pg.row_values(self._snap_rel, tuple(row))
             line = self._envelope(None, after, "r", self._snap_rel, self._snap_time, self._snap_lsn)
-            self._push(_Out(part, line, self._snap_row, self._snap_row + 1, self._snap_time))
+            self._push(pg.Out(part, line, self._snap_row, self._snap_row + 1, self._snap_time))
             self._snap_row += 1
         if len(rows) < self.spec.snapshot_rows:
             done = (self._snap_row >> SNAP_BITS) << SNAP_BITS | SNAP_DONE
-            self._push(_Out(part, None, done, done, self._snap_time))
+            self._push(pg.Out(part, None, done, done, self._snap_time))
             self._snap_cur.close()
             self._snap_cur = None
             self._snap_table = None
@@ -508,7 +499,7 @@ class PostgresReader:
 
     def _read_stream(self, max_bytes: int) -> None:
         deadline = time.monotonic() + 0.005
-        while self._out_bytes < max_bytes and time.monotonic() < deadline:
+        while self._out.bytes < max_bytes and time.monotonic() < deadline:
             msg = self._rcur.read_message()
             if msg is None:
                 return
@@ -564,6 +555,7 @@ class PostgresReader:
     def _update(self, txn: _Txn, rel: pg.Relation, msg: pg.Update, lsn: int) -> None:
         full = msg.old if msg.old_kind == "O" else None
         after = pg.row_values(rel, msg.new, full)
+        self._unchanged(rel, msg.new, after)
         if msg.old is not None:
             old_key = pg.row_values(rel, msg.old, keys_only=True)
             new_key = {c.name: after.get(c.name) for c in rel.columns if c.key}
@@ -573,6 +565,25 @@ class PostgresReader:
                 return
         before = None if full is None else pg.row_values(rel, full)
         txn.rows.append(self._envelope(before, after, "u", rel, txn.commit_us, lsn))
+
+    def _unchanged(self, rel: pg.Relation, new: pg.Tuple, after: dict[str, Any]) -> None:
+        """Large values an UPDATE left alone (TOAST) are not sent: read them from the table.
+
+        The value read may be newer than this change; the change that made it
+        newer follows in the stream, so the document ends right all the same.
+        """
+        missing = [c for c, v in zip(rel.columns, new, strict=True) if v is pg.UNCHANGED]
+        missing = [c for c in missing if c.name not in after]
+        keys = [c for c in rel.columns if c.key]
+        if not missing or not all(k.name in after for k in keys):
+            return
+        cols = ", ".join(f"{pg.ident(c.name)}::text" for c in missing)
+        where = " AND ".join(f"{pg.ident(k.name)} = %s" for k in keys)
+        sql = f"SELECT {cols} FROM {pg.quoted(rel.qualified)} WHERE {where}"  # noqa: S608
+        found = self._query(sql, *(after[k.name] for k in keys))
+        if found:  # else the row is gone: its delete follows
+            for col, text in zip(missing, found[0], strict=True):
+                after[col.name] = pg.convert(col.type_oid, text)
 
     def _commit(self, msg: pg.Commit) -> None:
         txn, self._txn = self._txn, None
@@ -588,9 +599,9 @@ class PostgresReader:
         for j, line in enumerate(txn.rows):
             off = wal_offset(msg.commit_lsn, j)
             if off >= self._skip_below:
-                self._push(_Out(self._wal, line, off, off + 1, txn.commit_us))
+                self._push(pg.Out(self._wal, line, off, off + 1, txn.commit_us))
         end = wal_offset(msg.end_lsn)
-        self._push(_Out(self._wal, None, end, end, txn.commit_us))
+        self._push(pg.Out(self._wal, None, end, end, txn.commit_us))
         self._wal_read = end
 
     def _envelope(
@@ -641,36 +652,11 @@ class PostgresReader:
 
     # -- handing out --------------------------------------------------------------
 
-    def _push(self, out: _Out) -> None:
-        self._out.append(out)
-        self._out_bytes += len(out.line or b"")
+    def _push(self, out: pg.Out) -> None:
+        self._out.push(out)
 
     def _drain(self, max_bytes: int) -> list[RawBatch]:
-        batches: list[RawBatch] = []
-        budget = max_bytes
-        current: RawBatch | None = None
-        while self._out and (budget > 0 or current is None):
-            item = self._out.popleft()
-            size = len(item.line or b"")
-            self._out_bytes -= size
-            budget -= size
-            self._positions[item.partition] = item.end
-            if item.line is None:
-                if current is not None and current.source == item.partition:
-                    batches[-1] = _moved(current, item.end)
-                    current = batches[-1]
-                continue
-            if current is None or current.source != item.partition:
-                current = RawBatch(
-                    item.partition, [], [], item.end, decoder=self.spec.name, times=[]
-                )
-                batches.append(current)
-            current.lines.append(item.line)
-            current.offsets.append(item.offset)
-            assert current.times is not None
-            current.times.append(item.time_us)
-            current = _moved(current, item.end)
-            batches[-1] = current
+        batches = self._out.drain(max_bytes, self._positions)
         if self._out:
             self._wake()
         return batches
@@ -686,18 +672,16 @@ class PostgresReader:
             fd = self._fd
             if event is None or event.is_set() or fd is None or not self._streaming:
                 self._closed.wait(0.05)
-                if event is not None and (fd is None or not self._streaming):
-                    event.set()
+                if self._event is not None and (self._fd is None or not self._streaming):
+                    self._event.set()  # connecting or reading a snapshot: poll on
                 continue
             try:
-                ready, _, _ = select.select([fd], [], [], min(1.0, self.spec.status_interval_s / 2))
+                ready, _, _ = select.select(
+                    [fd], [], [], max(0.05, self.spec.status_interval_s / 2)
+                )
             except (OSError, ValueError):
                 self._closed.wait(0.05)
                 continue
             event.set()
             if ready:
                 self._closed.wait(0.002)
-
-
-def _moved(b: RawBatch, end: int) -> RawBatch:
-    return RawBatch(b.source, b.lines, b.offsets, end, decoder=b.decoder, times=b.times)
