@@ -274,6 +274,37 @@ def test_a_killed_walsender_is_survived_and_offsets_are_the_same_again(
         second.close()
 
 
+def test_a_resume_inside_a_transaction_returns_exactly_the_rest(db: tuple[Cluster, str]) -> None:
+    cluster, name = db
+    reader = _spec(cluster, name).build()
+    got: list[Rec] = []
+    try:
+        _poll(reader, lambda r: reader.health()["pg"]["phase"] == "streaming", got)
+        conn = cluster.connect(name)
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            for i in range(5):
+                cur.execute("INSERT INTO docs (id, body) VALUES (%s, 'in one txn')", (i,))
+            cur.execute("COMMIT")
+        conn.close()
+        cluster.execute("INSERT INTO docs (id, body) VALUES (9, 'after')", dbname=name)
+        _poll(reader, lambda r: len(r) >= 6, got)
+    finally:
+        reader.close()
+    offsets = [o for _, o, _ in got]
+    assert len({lsn_of(o) for o in offsets[:5]}) == 1  # one transaction
+    # As after a crash whose commit held the first two rows of the transaction (and
+    # the finished snapshot):
+    again: list[Rec] = []
+    second = _spec(cluster, name).build({**reader.snapshot(), "postgres:pg:wal": offsets[2]})
+    try:
+        _poll(second, lambda r: len(r) >= 4, again)
+        assert [o for _, o, _ in again] == offsets[2:]
+        assert [e for *_, e in again] == [e for *_, e in got[2:]]
+    finally:
+        second.close()
+
+
 def test_the_slot_is_confirmed_only_after_a_commit(db: tuple[Cluster, str]) -> None:
     cluster, name = db
     reader = _spec(cluster, name).build()
