@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from streamrag.batching import MicroBatcher
 from streamrag.chunking import TokenSplitter
 from streamrag.config import Settings
 from streamrag.errors import StreamragError
@@ -22,10 +23,11 @@ from streamrag.index import LsmIndex, LsmSpec
 from streamrag.index.wal import WriteAheadLog
 from streamrag.ingest import DeadLetterStore
 from streamrag.runtime import Pipeline
+from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.replay import index_digest, window_finals
 from streamrag.runtime.service import build_event_time
 from streamrag.sources import JsonlSource
-from streamrag.sources.base import Source
+from streamrag.sources.base import RawBatch, Source
 from streamrag.testing import FakeEmbedder, ManualClock, change_line
 from tests.conftest import with_batcher
 
@@ -309,3 +311,81 @@ def test_window_output_fired_by_time_alone_gets_a_commit_of_its_own(tmp_path: Pa
     assert [(r.key, r.value) for _, r in job.results] == [("ops", 3)]
     assert job.index.stats().live_docs == 3  # the empty commit changed no document
     job.finish()
+
+
+class _Generations:
+    """A source like a database snapshot: after a restart it reads everything again,
+    at offsets of a new generation (the old offsets never come back)."""
+
+    def __init__(self, lines: list[bytes], generation: int) -> None:
+        self.lines = lines
+        self.generation = generation
+
+    def owns(self, partition: str) -> bool:
+        return partition == "snap"
+
+    def build(self, resume=None):  # type: ignore[no-untyped-def]
+        return _GenerationReader(self.lines, self.generation, dict(resume or {}))
+
+
+class _GenerationReader:
+    def __init__(self, lines: list[bytes], generation: int, resume: dict[str, int]) -> None:
+        self.base = generation << 20
+        self.lines = lines
+        self.pos = max(resume.get("snap", 0), self.base)
+
+    def poll(self, max_bytes: int, *, final: bool = False) -> list[RawBatch]:
+        i = self.pos - self.base
+        if i >= len(self.lines):
+            return []
+        take = self.lines[i : i + 4]
+        offsets = [self.pos + j for j in range(len(take))]
+        self.pos += len(take)
+        return [RawBatch("snap", take, offsets, self.pos)]
+
+    def snapshot(self) -> dict[str, int]:
+        return {"snap": self.pos}
+
+    def backlog_bytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def test_waiting_changes_a_source_replaces_are_superseded_and_the_counts_add_up(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    lines = [change_line(f"d{i}", 1_700_000_000 + i, f"row {i}").encode() for i in range(6)]
+    emb = FakeEmbedder()
+
+    def job(generation: int) -> Pipeline:
+        index = LsmIndex(emb.dim, LsmSpec(), path=tmp_path / "idx", clock=clock)
+        return Pipeline(
+            source=_Generations(lines, generation),
+            embedder=emb,
+            index=index,
+            clock=clock,
+            dead_letters=DeadLetterStore(tmp_path / "dl.jsonl"),
+            batcher=MicroBatcher(
+                max_batch_size=4, max_delay_ms=1_000_000, max_pending=100, clock=clock
+            ),
+            cursor=index.cursor,
+        )
+
+    first = job(0)
+    first.poll()  # d0..d3: a full batch
+    first.poll()  # d4, d5: waiting behind it
+    first.flush()  # commits d0..d3; the cursor lists d4, d5 as waiting
+    assert Cursor.from_mapping(first.index.cursor or {}).waiting == 2
+    first.index.close()  # its files, not its batcher: d4, d5 are still only waiting
+    # The process dies. The restart reads the whole snapshot again, in generation 1.
+    second = job(1)
+    second.run_until_caught_up()
+    st, pending = second.counts()
+    assert pending == 0
+    assert st.superseded == 2
+    # 6 read, then 6 again in the new generation; the 2 waiting ones were replaced.
+    assert (st.ingested, st.applied, st.dead_lettered) == (10, 10, 0)
+    assert second.index.stats().live_docs == 6
+    second.close()

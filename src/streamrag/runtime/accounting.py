@@ -54,6 +54,9 @@ class PipelineStats:
     """Waiting changes read again after a restart (counted once, when first read)."""
     skipped: int = 0
     """Records read again after a restart that were already committed or refused."""
+    superseded: int = 0
+    """Changes waiting at a crash that the source replaced with newer reads (a snapshot
+    read again, a file changed meanwhile): taken out of ``ingested``, their new reads in."""
 
 
 class Ledger:

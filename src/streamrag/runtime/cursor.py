@@ -132,6 +132,8 @@ class Sifted:
     """Records past the committed position: read as usual."""
     skipped: int
     """Records below it that were committed or refused: dropped."""
+    superseded: int = 0
+    """Waiting changes the source did not return again: it replaced them with newer reads."""
 
 
 class Rewind:
@@ -191,20 +193,29 @@ class Rewind:
             if fresh:
                 out.fresh.append(raw.subset(fresh))
             if raw.end_offset >= read_to:
-                self._passed(raw.source)
+                out.superseded += self._passed(raw.source)
         return out
 
-    def _passed(self, part: str) -> None:
+    def _passed(self, part: str) -> int:
+        """Partition ``part`` is past its committed position; returns the waiting ones not seen.
+
+        A source may legitimately not return a waiting change at its old offset:
+        a database snapshot cut short by a crash is read again in a new
+        generation, a file changed while the job was down is read as its new
+        version. Those changes are *superseded*: their newer reads are counted
+        and applied instead.
+        """
         del self._guard[part]
         lost = self._unseen.pop(part, set())
         if lost:
-            log.error(
-                "%s: %d changes that were waiting at the last commit were not found again "
-                "(was the file rewritten?); offsets %s",
+            log.warning(
+                "%s: %d changes that were waiting at the last commit were not read again "
+                "at their offsets (the source replaced them with newer reads); offsets %s",
                 part,
                 len(lost),
                 sorted(lost)[:10],
             )
+        return len(lost)
 
     def positions(self, read: dict[str, int], waiting: dict[str, list[int]]) -> None:
         """Complete a capture: waiting records not read again yet are still waiting.

@@ -144,6 +144,10 @@ class Intake:
             sifted = self.keeper.rewind.sift(raws)
             self.ledger.reading += sum(len(r) for r in sifted.again)
             stats.skipped += sifted.skipped
+            # Read once, replaced by a newer read of the source before it was applied:
+            # no longer taken in, so the counts still add up.
+            stats.ingested -= sifted.superseded
+            stats.superseded += sifted.superseded
         if sifted.again:
             decoded = self.decode(sifted.again)
             self._refuse(decoded.letters)

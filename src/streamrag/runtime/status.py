@@ -127,6 +127,7 @@ def _recovery(service: Service, st: PipelineStats) -> dict[str, Any]:
         "waiting_at_resume": service.resumed_at["waiting"],
         "replayed": st.replayed,
         "skipped": st.skipped,
+        "superseded": st.superseded,
         "wal_torn_tails": index.health().wal_torn_tails if isinstance(index, SupportsHealth) else 0,
         # Set when a damaged index was moved aside and is rebuilt from the sources.
         "rebuilt_from_source": index.rebuilt if isinstance(index, ReportsRebuild) else None,
