@@ -389,3 +389,4 @@ def test_waiting_changes_a_source_replaces_are_superseded_and_the_counts_add_up(
     assert (st.ingested, st.applied, st.dead_lettered) == (10, 10, 0)
     assert second.index.stats().live_docs == 6
     second.close()
+    second.index.close()
