@@ -208,17 +208,34 @@ def start(log: Path) -> tuple[Broker, subprocess.Popen[bytes]]:
     inner, outer = free_port(), free_port()
     with open(log, "wb") as out:  # the broker keeps its own copy of the descriptor
         proc = _spawn(binary, inner, outer, out)
+    _wait_listening(proc, inner, log)
+    return Broker(f"127.0.0.1:{outer}", Relay(outer, inner)), proc
+
+
+def restart(broker: Broker, proc: subprocess.Popen[bytes], log: Path) -> subprocess.Popen[bytes]:
+    """SIGKILL the private broker and start a new one on the same ports: an empty broker."""
+    assert broker.relay is not None
+    binary = tansu_binary()
+    assert binary is not None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    with open(log, "ab") as out:
+        new = _spawn(binary, broker.relay.target, broker.relay.port, out)
+    _wait_listening(new, broker.relay.target, log)
+    return new
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
     deadline = time.monotonic() + 20
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", inner), timeout=0.5):
-                break
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise AssertionError(f"the broker did not start:\n{log.read_text()}") from None
             time.sleep(0.05)
-    return Broker(f"127.0.0.1:{outer}", Relay(outer, inner)), proc
 
 
 def _spawn(binary: str, inner: int, outer: int, out: Any) -> subprocess.Popen[bytes]:

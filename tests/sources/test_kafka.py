@@ -12,6 +12,7 @@ skipped. Each test uses its own topics and group.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 import uuid
@@ -58,11 +59,18 @@ def _settings(**kw: Any) -> KafkaSourceSettings:
 class FakeMessage:
     """confluent_kafka.Message's accessors."""
 
-    def __init__(self, topic: str, partition: int, offset: int, value: bytes | None = b"{}"):
-        self._t, self._p, self._o, self._v = topic, partition, offset, value
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        value: bytes | None = b"{}",
+        error: KafkaError | None = None,
+    ):
+        self._t, self._p, self._o, self._v, self._e = topic, partition, offset, value, error
 
     def error(self) -> KafkaError | None:
-        return None
+        return self._e
 
     def topic(self) -> str:
         return self._t
@@ -93,6 +101,7 @@ class FakeConsumer:
         self.commits: list[list[tuple[str, int, int]]] = []
         self.pending: list[Callable[[], None]] = []
         self.log: dict[tuple[str, int], list[FakeMessage]] = {}
+        self.paused: set[tuple[str, int]] = set()
 
     def subscribe(self, topics: list[str], on_assign: Any, on_revoke: Any, on_lost: Any) -> None:
         self.topics, self.on_assign, self.on_revoke = topics, on_assign, on_revoke
@@ -113,6 +122,13 @@ class FakeConsumer:
 
     incremental_assign = assign
 
+    def seek(self, tp: TopicPartition) -> None:
+        self.assigned[(tp.topic, tp.partition)] = tp.offset
+        self.paused.discard((tp.topic, tp.partition))
+
+    def pause(self, parts: list[TopicPartition]) -> None:
+        self.paused |= {(tp.topic, tp.partition) for tp in parts}
+
     def unassign(self) -> None:
         self.assigned = {}
 
@@ -121,7 +137,15 @@ class FakeConsumer:
             self.pending.pop(0)()
         out: list[FakeMessage] = []
         for (t, p), at in list(self.assigned.items()):
-            at = 0 if at == OFFSET_BEGINNING else at
+            if (t, p) in self.paused:
+                continue
+            low, high = self.get_watermark_offsets(TopicPartition(t, p))
+            at = low if at == OFFSET_BEGINNING else at
+            if not low <= at <= high:  # auto.offset.reset=error: librdkafka says so, once
+                err = KafkaError(KafkaError._AUTO_OFFSET_RESET, "offset out of range")
+                out.append(FakeMessage(t, p, at, None, err))
+                self.paused.add((t, p))
+                continue
             got = [m for m in self.log.get((t, p), []) if m.offset() >= at][:num_messages]
             if got:
                 self.assigned[(t, p)] = got[-1].offset() + 1
@@ -135,7 +159,7 @@ class FakeConsumer:
         self, tp: TopicPartition, timeout: float | None = None, cached: bool = False
     ) -> tuple[int, int]:
         log = self.log.get((tp.topic, tp.partition), [])
-        return (0, log[-1].offset() + 1 if log else 0)
+        return (log[0].offset(), log[-1].offset() + 1) if log else (0, 0)
 
     def close(self) -> None:
         self.assigned = {}
@@ -288,6 +312,26 @@ def test_a_poll_is_bounded_by_max_bytes_and_keeps_the_rest_in_order() -> None:
     rest = reader.poll(1 << 20)
     assert rest[0].offsets == list(range(4, 20))
     assert reader.backlog_bytes() == 0
+
+
+def test_an_offset_outside_the_log_skips_a_retention_gap_or_pauses_past_the_end() -> None:
+    """librdkafka's answer to a position outside the log (auto.offset.reset=error).
+
+    The broker here (Tansu) never gives that answer, so a stand-in does.
+    """
+    reader, consumer = _fake_reader({"kafka:orders:t:0": 2, "kafka:orders:t:1": 50})
+    consumer.log = {
+        ("t", 0): [FakeMessage("t", 0, o) for o in range(5, 10)],  # 0..4 deleted by retention
+        ("t", 1): [FakeMessage("t", 1, o) for o in range(10)],  # made again: ends at 10
+    }
+    consumer.rebalance([("t", 0), ("t", 1)])
+    got = {b.source: b.offsets for _ in range(3) for b in reader.poll(1 << 20)}
+    assert got == {"kafka:orders:t:0": [5, 6, 7, 8, 9]}
+    h = reader.health()["orders"]
+    assert h["paused"] == ["kafka:orders:t:1"]
+    assert "past the end" in h["last_error"]
+    assert any("2..4 were deleted" in g for g in h["gaps"])
+    assert reader.snapshot() == {"kafka:orders:t:0": 10, "kafka:orders:t:1": 50}
 
 
 # -- against a broker ------------------------------------------------------------
@@ -546,3 +590,108 @@ def test_the_source_config_builds_this_reader(tmp_path: Path) -> None:
     assert isinstance(source, MultiSource)
     kafka = [s for s in source.sources if isinstance(s, KafkaSource)]
     assert kafka == [KafkaSource("k", "127.0.0.1:9092", ("x",), "streamrag", decoder="k")]
+
+
+def test_a_broker_restart_is_survived_and_a_lost_log_is_not_taken_for_new_records(
+    tmp_path: Path,
+) -> None:
+    """Tansu keeps its log in memory: restarted, it has lost the topic and the group.
+
+    The reader reports the broker gone, rejoins the group when it is back, and
+    resumes at its own position (6) on the topic made again: the new topic's
+    offsets 0 and 1 are other records, never returned as if they came next.
+    (Apache Kafka answers a fetch past the log end with OFFSET_OUT_OF_RANGE,
+    and the reader then pauses the partition and says why; Tansu answers with
+    no records, so that branch is not reached here.)
+    """
+    if kafka_broker.tansu_binary() is None:
+        pytest.skip(kafka_broker.SKIP)
+    broker, proc = kafka_broker.start(tmp_path / "broker.log")
+    topic = "comes-back"
+    reader: KafkaReader | None = None
+    try:
+        broker.create_topic(topic, partitions=1)
+        broker.produce(topic, [(0, b"a", b"x%d" % i) for i in range(6)])
+        reader = _spec(broker, topic).build()
+        seen: dict[str, list[int]] = {}
+        _drain(reader, 6, seen)
+        rebalances = reader.health()["k"]["rebalances"]
+        proc = kafka_broker.restart(broker, proc, tmp_path / "broker.log")
+        deadline = time.monotonic() + 30
+        while reader.health()["k"]["connected"]:
+            assert time.monotonic() < deadline, "the restart was not noticed"
+            _pump(reader, seen)
+            time.sleep(0.05)
+        broker.create_topic(topic, partitions=1)
+        broker.produce(topic, [(0, b"b", b"y%d" % i) for i in range(2)])
+        deadline = time.monotonic() + 60
+        while (
+            reader.health()["k"]["rebalances"] == rebalances
+            or not reader.health()["k"]["connected"]
+        ):
+            assert time.monotonic() < deadline, json.dumps(reader.health())
+            _pump(reader, seen)
+            time.sleep(0.05)
+        for _ in range(20):
+            _pump(reader, seen)
+            time.sleep(0.05)
+        name = f"kafka:k:{topic}:0"
+        assert seen[name] == list(range(6))
+        assert reader.snapshot()[name] == 6
+        assert reader.health()["k"]["assigned"] == [name]
+        assert reader.health()["k"]["failures"] >= 1
+    finally:
+        if reader is not None:
+            reader.close()
+        assert broker.relay is not None
+        broker.relay.cut()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+
+# -- for the Source contract suite -----------------------------------------------
+
+
+class KafkaWriter:
+    """Appends records to a topic (round robin over its partitions), for a contract case.
+
+    Kafka is not read synchronously: a record produced now is fetched by the
+    reader milliseconds later, and a new group member gets its partitions only
+    after a few seconds, so an empty poll does not mean "caught up" and the
+    backlog is known only once the client has fetched. The contract suite's
+    checks that take the first empty poll as the end (``_drain``), or expect
+    the backlog at once after a write, need a deadline loop for this case.
+    """
+
+    def __init__(self, broker: Broker, topic: str, partitions: int) -> None:
+        from confluent_kafka import Producer
+
+        self.broker, self.topic, self.partitions = broker, topic, partitions
+        self._producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        self._next = 0
+        self.written = 0
+
+    def append(self, *records: bytes) -> None:
+        for record in records:
+            self._producer.produce(self.topic, value=record, partition=self._next % self.partitions)
+            self._next += 1
+        assert self._producer.flush(15) == 0
+        self.written += len(records)
+
+    def append_partial(self, head: bytes) -> None:
+        raise NotImplementedError("a Kafka record is written whole or not at all")
+
+    def finish_partial(self, rest: bytes) -> None:
+        raise NotImplementedError("a Kafka record is written whole or not at all")
+
+    def truncate(self) -> None:
+        self.broker.delete_topic(self.topic)
+        self.broker.create_topic(self.topic, self.partitions)
+        self._next = 0
+
+
+def make_kafka(broker: Broker, tmp: Path) -> tuple[KafkaSource, KafkaWriter]:
+    """A contract case: a fresh three-partition topic and its own group."""
+    del tmp
+    topic = broker.create_topic(f"contract-{uuid.uuid4().hex[:10]}", partitions=3)
+    return _spec(broker, topic), KafkaWriter(broker, topic, 3)

@@ -353,8 +353,8 @@ class KafkaReader:
         if err.fatal():
             log.error("%s: fatal client error, the consumer is made anew: %s", self.spec.name, exc)
             self._fatal = True  # closed by poll, outside the client's own call
-        elif err.code() in _DOWN:
-            log.warning("%s: %s", self.spec.name, exc)
+        elif err.code() in _DOWN and self.health_state.retries == 1:
+            log.warning("%s: %s (librdkafka reconnects by itself)", self.spec.name, exc)
 
     def _on_stats(self, raw: str) -> None:
         try:
