@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["JsonlSource", "JsonlSourceReader"]
 
 _BLOCK = 1 << 16
+_WATCH_STEP_MS = 20
+"""How often the folder watch looks at the kernel's events: the wake-up latency, 20-40 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,11 @@ class JsonlSourceReader:
             path = Path(self._spec.path)
             folder = path if path.is_dir() or path.suffix == "" else path.parent
             self._watch = FolderWatch(
-                folder.absolute(), recursive=False, keep_paths=False, name="streamrag-watch-jsonl"
+                folder.absolute(),
+                recursive=False,
+                keep_paths=False,
+                step_ms=_WATCH_STEP_MS,
+                name="streamrag-watch-jsonl",
             )
             self._watch.wake_on(event)
             self._watch.start()

@@ -108,6 +108,9 @@ FALLBACK_SCAN_S = 2.0
 CHECKS_PER_POLL = 2048
 """Files looked at in one poll (a stat each): a poll stays short; the rest comes next poll."""
 
+WATCH_STEP_MS = 50
+"""How often the watch looks at the kernel's events: files wait ``settle_ms`` anyway."""
+
 CLOCK_SLACK_US = 20_000
 """Kernel file times lag the clock by up to one tick; a delete's time is lowered by this."""
 
@@ -239,7 +242,9 @@ class FolderReader:
         if spec.watch:
             from streamrag.sources.watch import FolderWatch
 
-            self._watch = FolderWatch(self.root, name=f"streamrag-watch-{spec.name}")
+            self._watch = FolderWatch(
+                self.root, step_ms=WATCH_STEP_MS, name=f"streamrag-watch-{spec.name}"
+            )
             self._watch.start()
 
     # -- the reader protocol -----------------------------------------------------------
