@@ -76,7 +76,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -234,6 +234,7 @@ class FolderReader:
         self._todo: dict[str, None] = {}  # rels to look at, in order
         self._unsettled: dict[str, tuple[Timestamp, int]] = {}  # rel -> (due, size)
         self._events: list[threading.Event] = []
+        self._lock = threading.Lock()
         self._scanned_at: Timestamp | None = None
         self._scan_generation = -1
         self._last_file_error: str | None = None
@@ -250,7 +251,15 @@ class FolderReader:
     # -- the reader protocol -----------------------------------------------------------
 
     def poll(self, max_bytes: int, *, final: bool = False) -> list[RawBatch]:
-        """File versions that settled, and deletes, up to about ``max_bytes`` of files."""
+        """File versions that settled, and deletes, up to about ``max_bytes`` of files.
+
+        ``final`` changes nothing: a file is a whole record once it has settled,
+        and one still being written is not read, final or not.
+        """
+        with self._lock:  # status reads the state from another thread
+            return self._poll(max_bytes)
+
+    def _poll(self, max_bytes: int) -> list[RawBatch]:
         now = self.clock.now_us()
         self._gather(now)
         out: list[RawBatch] = []
@@ -269,12 +278,15 @@ class FolderReader:
 
     def snapshot(self) -> dict[str, int]:
         """The position of every file's partition (see the module docstring)."""
-        return dict(self._pos)
+        with self._lock:
+            return dict(self._pos)
 
     def backlog_bytes(self) -> int:
         """Bytes of files known to have changed but not read yet (1 for a listing not done)."""
-        pending = sum(size for _, size in self._unsettled.values()) + len(self._todo)
-        return pending + (1 if self._scanned_at is None else 0)
+        with self._lock:
+            pending = sum(size for _, size in self._unsettled.values()) + len(self._todo)
+        listing = self._scanned_at is None and self._health.retries == 0  # not failed: due
+        return pending + (1 if listing else 0)
 
     def wake_on(self, event: threading.Event) -> None:
         """Set ``event`` when the folder changes, when a file settles, and while work is left."""
@@ -285,13 +297,15 @@ class FolderReader:
     def health(self) -> dict[str, Any]:
         """This folder's entry in ``/v1/status``."""
         watch = self._watch
-        files = sum(1 for v in self._pos.values() if v % 3 != 2)
+        with self._lock:
+            files = sum(1 for v in self._pos.values() if v % 3 != 2)
+            unsettled, queued = len(self._unsettled), len(self._todo)
         return {
             self.spec.name: self._health.report(
                 path=str(self.root),
                 files=files,
-                unsettled=len(self._unsettled),
-                queued=len(self._todo),
+                unsettled=unsettled,
+                queued=queued,
                 lag=self.backlog_bytes(),
                 watching=watch is not None and watch.healthy,
                 watch_error=None if watch is None else watch.error,
@@ -554,10 +568,11 @@ class FolderReader:
             due = min(d for d, _ in self._unsettled.values())
             self._watch.wake_at(time.monotonic() + max(0, due - now) / 1e6)
 
-    def files(self) -> Iterator[str]:
+    def files(self) -> list[str]:
         """The relative paths whose documents the index may hold now."""
         n = len(self._prefix)
-        return (part[n:] for part, pos in self._pos.items() if pos % 3 != 2)
+        with self._lock:
+            return sorted(part[n:] for part, pos in self._pos.items() if pos % 3 != 2)
 
 
 def _utf8(rel: str, reader: FolderReader) -> bool:
