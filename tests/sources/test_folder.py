@@ -462,3 +462,82 @@ def test_a_file_name_that_is_not_utf8_is_skipped_and_reported(
     health = reader.health()["docs"]
     assert health["file_errors"] >= 1
     assert "caf" in health["last_error"]
+
+
+def test_the_safety_net_listing_finds_what_the_watch_missed(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    from streamrag.sources import folder as folder_module
+
+    _write(tmp_path / "a.md", "alpha")
+    reader = _source(tmp_path, clock, watch=True).build()
+    try:
+        assert len(_drain(reader, clock)) == 1
+        watch = reader._watch
+        assert watch is not None
+        _write(tmp_path / "a.md", "changed, event lost")
+        deadline = time.monotonic() + 10
+        while not watch.take().paths:  # throw the events away, as an overflow would
+            assert time.monotonic() < deadline, "the watch never reported the write"
+            time.sleep(0.02)
+        assert _drain(reader, clock) == [], "without the event nothing looks at the file"
+        clock.advance_us(int(folder_module.RESCAN_S * 1e6))
+        [(_, _, _, body, _)] = _drain(reader, clock)
+        assert body == b"changed, event lost"
+        # An overflow (or a failed watcher) asks for a listing at once.
+        _write(tmp_path / "b.md", "beta")
+        while not watch.take().paths:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        watch._changes.rescan = True
+        assert _ops(_drain(reader, clock)) == {"b.md": "upsert"}
+    finally:
+        reader.close()
+
+
+def test_the_watch_wakes_the_job_when_a_file_has_settled(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    reader = _source(tmp_path, clock, watch=True).build()
+    try:
+        event = threading.Event()
+        reader.wake_on(event)
+        assert _drain(reader) == []
+        event.clear()
+        _write(tmp_path / "a.md", "alpha")
+        _wait(event, "the write")
+        event.clear()
+        deadline = time.monotonic() + 10
+        while not reader.health()["docs"]["unsettled"]:
+            assert time.monotonic() < deadline, "the written file was never seen"
+            assert reader.poll(1 << 20) == [], "just written: not settled"
+            time.sleep(0.02)
+        event.clear()
+        cleared = time.monotonic()
+        _wait(event, "the file settling (a wake at its settle time)")
+        assert time.monotonic() - cleared > 0.2, "woken by the settle time, not by the write"
+        clock.advance_ms(SETTLE_MS + 1000)  # the manual clock stood still meanwhile
+        assert _ops(_flat(reader.poll(1 << 20))) == {"a.md": "upsert"}
+    finally:
+        reader.close()
+
+
+def test_a_subfolder_that_cannot_be_listed_deletes_nothing(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _write(tmp_path / "sub" / "a.md", "alpha")
+    _write(tmp_path / "b.md", "beta")
+    reader = _source(tmp_path, clock).build()
+    assert len(_drain(reader, clock)) == 2
+    real = os.scandir
+
+    def denied(path: Any) -> Any:
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    (tmp_path / "b.md").unlink()
+    assert _ops(_drain(reader, clock)) == {"b.md": "delete"}, "only what is known gone"
+    assert reader.health()["docs"]["files"] == 1
+    assert "Permission denied" in reader.health()["docs"]["last_error"]
