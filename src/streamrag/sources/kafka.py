@@ -85,7 +85,7 @@ log = logging.getLogger("streamrag.sources.kafka")
 
 _CHUNK = 500
 """Messages taken from the client per ``consume`` call."""
-_WAKE_TICK_S = 0.02
+_WAKE_TICK_S = 0.01
 """How often the wake thread looks at the cached high watermarks."""
 _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 """Settings streamrag relies on: Kafka never moves the committed offset by itself."""
@@ -251,6 +251,8 @@ class KafkaReader:
         self._positions: dict[str, int] = dict(resume)
         """Partition → next offset to hand on (the cursor's, then what was returned)."""
         self._assigned: set[tuple[str, int]] = set()
+        self._watched: tuple[tuple[TopicPartition, str], ...] = ()
+        """The assigned partitions as the wake thread looks at them."""
         self._paused: set[tuple[str, int]] = set()
         self._held: deque[Any] = deque()
         """Messages taken from the client but not returned yet (over a poll's budget)."""
@@ -310,6 +312,7 @@ class KafkaReader:
                 self._paused.discard((tp.topic, tp.partition))
             self._drop_held({(tp.topic, tp.partition) for tp in partitions})
             self._assignments += 1
+            self._rewatch()
         self.health_state.ok()
         if self._incremental:
             consumer.incremental_assign(partitions)
@@ -326,6 +329,7 @@ class KafkaReader:
         with self._lock:
             self._assigned -= gone
             self._drop_held(gone)
+            self._rewatch()
         if self._incremental:
             consumer.incremental_unassign(partitions)
         else:
@@ -334,6 +338,11 @@ class KafkaReader:
     def _on_lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         log.warning("%s: lost %d partitions (session timed out)", self.spec.name, len(partitions))
         self._on_revoke(consumer, partitions)
+
+    def _rewatch(self) -> None:
+        self._watched = tuple(
+            (TopicPartition(t, p), self._name(t, p)) for t, p in sorted(self._assigned)
+        )
 
     def _drop_held(self, parts: set[tuple[str, int]]) -> None:
         """Forget fetched messages of ``parts``: they are fetched again from our position."""
@@ -635,13 +644,19 @@ class KafkaReader:
                 news = True
             # Without a known backlog, a poll every few ticks serves the client's
             # callbacks (assignment, errors) anyway.
-            if news or (ticks % 10 == 0 and not self._caught_up()):
+            if news or (ticks % 20 == 0 and not self._caught_up()):
                 event.set()
 
     def _news(self) -> bool:
-        if self._held or self._consumer is None:
+        consumer = self._consumer
+        if self._held or consumer is None:
             return True
-        return any(v > 0 for v in self.lag().values())
+        positions = self._positions
+        for tp, name in self._watched:
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high > positions.get(name, max(low, 0)):
+                return True
+        return False
 
     def _caught_up(self) -> bool:
         with self._lock:
@@ -653,6 +668,7 @@ class KafkaReader:
         consumer, self._consumer = self._consumer, None
         with self._lock:
             self._assigned.clear()
+            self._watched = ()
             self._held.clear()
             self._held_bytes = 0
         if consumer is not None:
