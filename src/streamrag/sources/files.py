@@ -26,8 +26,10 @@ if TYPE_CHECKING:
 __all__ = ["JsonlSource", "JsonlSourceReader"]
 
 _BLOCK = 1 << 16
-_WATCH_STEP_MS = 20
-"""How often the folder watch looks at the kernel's events: the wake-up latency, 20-40 ms."""
+_WATCH_STEP_MS = 25
+"""How often the folder watch looks at the kernel's events while idle (25-50 ms to wake)."""
+_BUSY_STEP_MS = 2
+"""How often it looks for two seconds after a change: a stream of appends wakes within ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,7 @@ class JsonlSourceReader:
                 recursive=False,
                 keep_paths=False,
                 step_ms=_WATCH_STEP_MS,
+                busy_step_ms=_BUSY_STEP_MS,
                 name="streamrag-watch-jsonl",
             )
             self._watch.wake_on(event)

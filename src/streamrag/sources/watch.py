@@ -67,7 +67,10 @@ class FolderWatch:
     folder). ``keep_paths=False`` only wakes, and keeps no paths (for readers
     that look at every file on each poll anyway). ``step_ms`` is how often the
     watcher looks at what the kernel reported: the wake latency is one to two
-    steps.
+    steps, and each step costs a wake-up of the thread. For ``busy_s`` seconds
+    after a change it looks every ``busy_step_ms`` instead (default: the same),
+    so a stream of appends is seen within milliseconds while an idle folder
+    costs a wake-up every ``step_ms``.
     """
 
     def __init__(
@@ -76,7 +79,9 @@ class FolderWatch:
         *,
         recursive: bool = True,
         keep_paths: bool = True,
-        step_ms: int = 10,
+        step_ms: int = 50,
+        busy_step_ms: int | None = None,
+        busy_s: float = 2.0,
         debounce_ms: int = 100,
         name: str = "streamrag-watch",
     ) -> None:
@@ -84,7 +89,10 @@ class FolderWatch:
         self.recursive = recursive
         self.keep_paths = keep_paths
         self.step_ms = step_ms
+        self.busy_step_ms = step_ms if busy_step_ms is None else busy_step_ms
+        self.busy_s = busy_s
         self.debounce_ms = debounce_ms
+        self._busy_until = 0.0
         self.name = name
         self.generation = 0
         """How many times a watch was installed on ``root`` itself (0: not yet)."""
@@ -201,8 +209,10 @@ class FolderWatch:
     def _watch(self, notify: Any, exact: bool) -> None:
         """Wait for events until the target should change or the thread stops."""
         while not self._stop.is_set():
-            got = notify.watch(self.debounce_ms, self.step_ms, self._timeout_ms(), self._stop)
+            step, timeout = self._step_ms()
+            got = notify.watch(self.debounce_ms, step, timeout, self._stop)
             if isinstance(got, set):
+                self._busy_until = time.monotonic() + self.busy_s
                 if self.keep_paths:
                     with self._lock:
                         paths = self._changes.paths
@@ -219,13 +229,19 @@ class FolderWatch:
                 return  # the folder appeared, or was removed: move the watch
             self._due()
 
-    def _timeout_ms(self) -> int:
+    def _step_ms(self) -> tuple[int, int]:
+        """The step of the next wait (busy or idle) and its timeout, both in ms."""
+        now = time.monotonic()
+        busy = now < self._busy_until
+        step = self.busy_step_ms if busy else self.step_ms
+        timeout = _IDLE_TIMEOUT_MS
+        if busy:
+            timeout = min(timeout, int((self._busy_until - now) * 1000))
         with self._lock:
             deadline = self._deadline
-        if deadline is None:
-            return _IDLE_TIMEOUT_MS
-        left = int((deadline - time.monotonic()) * 1000)
-        return max(self.step_ms, min(_IDLE_TIMEOUT_MS, left))
+        if deadline is not None:
+            timeout = min(timeout, int((deadline - now) * 1000))
+        return step, max(step, timeout)
 
     def _due(self) -> None:
         with self._lock:
