@@ -261,6 +261,10 @@ def test_assignment_seeks_to_streamrags_positions_not_kafkas() -> None:
     consumer.log[("t", 0)].append(FakeMessage("t", 0, 10))
     again = reader.poll(1 << 20)
     assert consumer.assign_calls[1] == [("t", 0, 10)]
+    assert reader.health()["orders"]["started_at"] == {
+        "kafka:orders:t:0": 10,
+        "kafka:orders:t:1": "beginning",
+    }
     assert [b.offsets for b in again] == [[10]]
     assert reader.snapshot() == {"kafka:orders:t:0": 11, "kafka:orders:t:1": 10}
 
@@ -484,12 +488,13 @@ def _pump(reader: KafkaReader, seen: dict[str, list[int]]) -> None:
         seen.setdefault(batch.source, []).extend(batch.offsets)
 
 
+@pytest.mark.parametrize("strategy", ["roundrobin", "cooperative-sticky"])
 def test_a_second_member_joins_and_leaves_and_nothing_is_lost_or_doubled(
-    broker: Broker, topic: str
+    broker: Broker, topic: str, strategy: str
 ) -> None:
     group = f"g-{uuid.uuid4().hex[:8]}"
-    eager = {"partition.assignment.strategy": "roundrobin"}
-    a = _spec(broker, topic, group, **eager).build()
+    assigning = {"partition.assignment.strategy": strategy}
+    a = _spec(broker, topic, group, **assigning).build()
     b: KafkaReader | None = None
     seen_a: dict[str, list[int]] = {}
     seen_b: dict[str, list[int]] = {}
@@ -498,7 +503,7 @@ def test_a_second_member_joins_and_leaves_and_nothing_is_lost_or_doubled(
         _drain(a, 30, seen_a)
         # Kafka hears less than A has read: 3 records of each partition still wait.
         a.committed({n: 10 for n in a.snapshot()}, {n: [7, 8, 9] for n in a.snapshot()})
-        b = _spec(broker, topic, group, **eager).build()
+        b = _spec(broker, topic, group, **assigning).build()
         deadline = time.monotonic() + 40
         while not (b.health()["k"]["assigned"] and len(a.health()["k"]["assigned"]) < 3):
             assert time.monotonic() < deadline, (a.health(), b.health())
@@ -532,6 +537,8 @@ def test_a_second_member_joins_and_leaves_and_nothing_is_lost_or_doubled(
         _pump(a, seen_a)
         _contiguous(seen_a, {0: 20, 1: 20, 2: 20}, topic)
         assert a.health()["k"]["rebalances"] >= 3
+        started = a.health()["k"]["started_at"]
+        assert {n: started[n] for n in moved} == dict.fromkeys(moved, 10)
         # B, another member (another index), read its partitions from their start.
         for name in moved:
             assert seen_b[name] == list(range(20))

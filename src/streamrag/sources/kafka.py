@@ -91,6 +91,7 @@ _FORCED = {"enable.auto.commit": "false", "enable.auto.offset.store": "false"}
 """Settings streamrag relies on: Kafka never moves the committed offset by itself."""
 _EARLIEST = {"earliest", "smallest", "beginning"}
 _LATEST = {"latest", "largest", "end"}
+_START = {OFFSET_BEGINNING: "beginning", OFFSET_END: "end"}
 _DOWN = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 
 ConsumerFactory = Callable[[dict[str, Any]], Any]
@@ -262,6 +263,8 @@ class KafkaReader:
         self._record_bytes = 0
         self._records = 0
         self._assignments = 0
+        self._started: dict[str, int | str] = {}
+        """Where each partition was sought on its last assignment."""
         self._commit_error: str | None = None
         self._gaps: list[str] = []
         self._wake: threading.Event | None = None
@@ -308,6 +311,7 @@ class KafkaReader:
             for tp in partitions:
                 pos = self._positions.get(self._name(tp.topic, tp.partition))
                 tp.offset = self._initial if pos is None else pos
+                self._started[self._name(tp.topic, tp.partition)] = _START.get(tp.offset, tp.offset)
                 self._assigned.add((tp.topic, tp.partition))
                 self._paused.discard((tp.topic, tp.partition))
             self._drop_held({(tp.topic, tp.partition) for tp in partitions})
@@ -615,6 +619,7 @@ class KafkaReader:
                 commit_error=self._commit_error,
                 gaps=self._gaps[-5:],
                 rebalances=self._assignments,
+                started_at=dict(self._started),
                 topics=list(self.spec.topics),
                 group_id=self.spec.group_id,
             )
