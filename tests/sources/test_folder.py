@@ -541,3 +541,35 @@ def test_a_subfolder_that_cannot_be_listed_deletes_nothing(
     assert _ops(_drain(reader, clock)) == {"b.md": "delete"}, "only what is known gone"
     assert reader.health()["docs"]["files"] == 1
     assert "Permission denied" in reader.health()["docs"]["last_error"]
+
+
+def test_a_folder_renamed_is_deletes_and_upserts_from_its_events_alone(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b", "c"):
+        _write(tmp_path / "sub" / "deeper" / f"{name}.md", name)
+    _write(tmp_path / "top.md", "stays")
+    reader = _source(tmp_path, clock, watch=True).build()
+    try:
+        assert len(_drain(reader, clock)) == 4
+        listings: list[int] = []
+        real = FolderReader._full_scan
+
+        def counted(self: FolderReader, now: int) -> None:
+            listings.append(now)
+            real(self, now)
+
+        monkeypatch.setattr(FolderReader, "_full_scan", counted)
+        (tmp_path / "sub").rename(tmp_path / "moved")
+        want = {f"sub/deeper/{n}.md": "delete" for n in "abc"}
+        want.update({f"moved/deeper/{n}.md": "upsert" for n in "abc"})
+        read: Read = []
+        deadline = time.monotonic() + 10
+        while _ops(read) != want:
+            assert time.monotonic() < deadline, f"got {_ops(read)}"
+            time.sleep(0.02)  # the watch batches events: wait for them with a deadline
+            read += _drain(reader, clock)
+        assert listings == [], "the folder was not listed again"
+        assert reader.files() == sorted(["top.md", *(f"moved/deeper/{n}.md" for n in "abc")])
+    finally:
+        reader.close()

@@ -229,6 +229,10 @@ class FolderReader:
         self._health = ConnectionHealth("folder", clock=self.clock, initial_s=0.5, max_s=30.0)
         self._prefix = spec.prefix
         self._pos: dict[str, int] = dict(resume)
+        self._dirs: dict[str, int] = {}  # folder -> how many files under it the index may hold
+        for part, pos in self._pos.items():
+            if pos % 3 != 2:
+                self._count_dirs(part[len(self._prefix) :], 1)
         self._seen: dict[str, Key] = {}  # rel -> stat of the version read (or found indexed)
         self._last: dict[str, Timestamp] = {}  # rel -> event time of its last record (this run)
         self._todo: dict[str, None] = {}  # rels to look at, in order
@@ -414,9 +418,8 @@ class FolderReader:
             self._under_gone(rel, keep=scan.found, blind=scan.blind)
             return
         self._todo[rel] = None
-        held = self._pos.get(self._prefix + rel)
-        if (held is None or held % 3 == 2) and not full.exists():
-            self._under_gone(rel, keep=set(), blind=[])  # perhaps a folder that went
+        if rel in self._dirs and not full.exists():
+            self._under_gone(rel, keep=set(), blind=[])  # a folder that went
 
     def _under_gone(self, rel: str, *, keep: set[str], blind: list[str]) -> None:
         """Files held under folder ``rel`` that a listing of it did not find: look at them."""
@@ -500,7 +503,7 @@ class FolderReader:
                 return None
             body = data
         self._seen[rel] = key
-        self._pos[part] = offset + 1
+        self._set_pos(part, rel, offset + 1)
         event = max(self._upsert_time(st, pos, now, again=again), self._last.get(rel, 0) + 1)
         self._last[rel] = event
         return self._batch(part, rel, offset, encode_record(header, body), event)
@@ -536,11 +539,30 @@ class FolderReader:
         assert pos is not None
         base = pos - pos % 3
         offset = base + 1
-        self._pos[part] = base + 2
+        self._set_pos(part, rel, base + 2)
         event = max(now - CLOCK_SLACK_US, _stamp_us(base // 3) + 1, self._last.get(rel, 0) + 1)
         self._last[rel] = event
         line = encode_record(FileHeader(path=rel, op="delete"))
         return self._batch(part, rel, offset, line, event)
+
+    def _set_pos(self, part: str, rel: str, pos: int) -> None:
+        was = self._pos.get(part)
+        held, holds = was is not None and was % 3 != 2, pos % 3 != 2
+        self._pos[part] = pos
+        if held != holds:
+            self._count_dirs(rel, 1 if holds else -1)
+
+    def _count_dirs(self, rel: str, step: int) -> None:
+        """Count a held file in each folder above it (so a removed folder is told from a file)."""
+        at = rel.rfind("/")
+        while at > 0:
+            folder = rel[:at]
+            n = self._dirs.get(folder, 0) + step
+            if n > 0:
+                self._dirs[folder] = n
+            else:
+                self._dirs.pop(folder, None)
+            at = folder.rfind("/")
 
     def _batch(self, part: str, rel: str, offset: int, line: bytes, event: Timestamp) -> RawBatch:
         from streamrag.sources.base import RawBatch
