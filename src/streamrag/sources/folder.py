@@ -20,6 +20,9 @@ path and position. The batch's ``keys`` hold the path and ``times`` the event ti
 times are ``settle_ms`` old (by the injected clock), and only if its stat (size,
 times, inode) is the same before, during and after the read; otherwise it is
 kept in a set of unsettled paths and looked at again later, without a listing.
+(A writer that pauses longer than ``settle_ms`` half-way is seen twice, each
+time as the whole file it was then; writing to a temporary name — hidden and
+``*.tmp`` names are excluded — and renaming it into place is atomic.)
 
 **Partitions and offsets.** Each file is its own partition,
 ``folder:<name>:<relpath>``, and its offsets come from the file's change time
