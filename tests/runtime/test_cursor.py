@@ -30,8 +30,8 @@ def test_cursors_written_by_the_first_format_read_back_and_write_the_same_bytes(
 
 
 def test_a_cursor_of_another_format_or_shape_is_refused_with_what_to_do() -> None:
-    with pytest.raises(StreamragError, match=r"format 2.*upgrade streamrag"):
-        Cursor.from_mapping({"format": 2, "positions": {}})
+    with pytest.raises(StreamragError, match=r"format 3.*upgrade streamrag"):
+        Cursor.from_mapping({"format": 3, "positions": {}})
     with pytest.raises(StreamragError, match="cannot be read"):
         Cursor.from_mapping({"format": 1, "positions": {"a": "twelve"}})
 
@@ -59,14 +59,15 @@ def test_rewind_takes_again_only_the_waiting_records_below_the_committed_positio
     assert not rewind.active  # past the committed position: read as usual
 
 
-def test_a_waiting_record_that_is_gone_is_logged_and_no_longer_counted(
+def test_a_waiting_record_that_is_gone_is_logged_and_counted_superseded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     rewind = Rewind(Cursor(positions={"a": 100}, pending={"a": [30]}))
     out = rewind.sift([_raw("a", [0, 100], 120)])  # the file was rewritten
     assert out.again == []
+    assert out.superseded == 1
     assert rewind.waiting == 0
-    assert "were not found again" in caplog.text
+    assert "were not read again" in caplog.text
 
 
 def test_a_capture_while_rewinding_keeps_the_committed_position_and_the_unread_waiting() -> None:
@@ -84,3 +85,22 @@ def test_offsets_only_move_forward() -> None:
     with pytest.raises(SourceError, match="moved back from offset 10 to 5"):
         check_forward({"a": 10}, {"a": 5}, rewind)
     check_forward({"a": 10}, {"a": 5}, Rewind(Cursor(positions={"a": 10}, pending={"a": [5]})))
+
+
+def test_a_commit_writes_only_the_positions_that_moved_and_reading_merges_them() -> None:
+    from streamrag.index.base import merge_cursor
+
+    first = Cursor(positions={f"f{i}": 3 * i + 1 for i in range(1000)})
+    held = merge_cursor(None, first.to_mapping())  # format 1 layout: every position
+    moved = {**first.positions, "f7": 99, "new": 5}
+    second = Cursor(base=first.positions, positions=moved)
+    record = second.to_mapping()
+    assert record["format"] == 2
+    assert "positions" not in record  # the held map stays as it was
+    assert {k for k in record if k.startswith("position:")} == {"position:f7", "position:new"}
+    assert len(msgspec.msgpack.encode(record)) < 200
+    merged = merge_cursor(held, record)
+    assert Cursor.from_mapping(merged or {}).positions == moved
+    third = Cursor(base=moved, positions={**moved, "f7": 120})
+    merged = merge_cursor(merged, third.to_mapping())
+    assert Cursor.from_mapping(merged or {}).positions["f7"] == 120

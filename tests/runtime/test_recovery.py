@@ -195,7 +195,7 @@ def test_cursor_holds_positions_waiting_offsets_and_changed_windows_only(tmp_pat
     job.pipeline.flush()
     cursor = job.index.cursor
     assert cursor is not None
-    assert cursor["positions"] == {str(data): data.stat().st_size}
+    assert Cursor.from_mapping(cursor).positions == {str(data): data.stat().st_size}
     assert cursor["stats"]["ingested"] == 6
     assert "window:per_domain" in cursor
     assert job.index.epoch == 3
@@ -205,6 +205,9 @@ def test_cursor_holds_positions_waiting_offsets_and_changed_windows_only(tmp_pat
     records = list(WriteAheadLog(tmp_path / "state" / "index").replay(0))
     carried = ["window:per_domain" in (r.batch.cursor or {}) for r in records]
     assert carried == [True, False, False]
+    # Likewise the file's position: it moved before the first commit only.
+    moved = [f"position:{data}" in (r.batch.cursor or {}) for r in records]
+    assert moved == [True, False, False]
     waiting = [len(r.batch.cursor["pending"].get(str(data), [])) for r in records]
     assert waiting == [4, 2, 0]  # two changes per commit leave the batcher
     # Each record is also the commit's audit record.

@@ -57,10 +57,18 @@ __all__ = [
     "check_forward",
 ]
 
-CURSOR_FORMAT = 1
-"""Version of the cursor layout written with each commit."""
+CURSOR_FORMAT = 2
+"""Version of the cursor layout written with each commit.
 
+Format 2 writes the position of each partition that moved as its own
+``position:PART`` key, so a commit of a job with 10,000 partitions (a folder of
+10,000 files) writes the few that moved, not all of them; format 1 wrote every
+position in one ``positions`` map, and is still read.
+"""
+
+_READS = (1, 2)
 _WINDOW = "window:"
+_POSITION = "position:"
 
 log = logging.getLogger("streamrag.pipeline")
 
@@ -76,6 +84,9 @@ class Cursor(msgspec.Struct, kw_only=True):
     stats: dict[str, Any] = {}
     windows: dict[str, Any] = {}
     audit: dict[str, Any] | None = None
+    base: dict[str, int] | None = None
+    """The positions of the commit before (not stored): only the partitions that moved
+    since are written. None writes every position, as format 1 did."""
 
     @property
     def waiting(self) -> int:
@@ -85,16 +96,23 @@ class Cursor(msgspec.Struct, kw_only=True):
     def to_mapping(self) -> dict[str, Any]:
         """The cursor as the index stores it: plain values, one ``window:NAME`` key per window.
 
-        The key order is part of the stored bytes, and kept from the first format.
+        With a :attr:`base`, the positions that moved since are written one
+        ``position:PART`` key each (format 2; the index keeps the newest of each
+        key across commits). Without one, every position goes in ``positions``,
+        in the key order of the first format.
         """
-        out: dict[str, Any] = {
-            "format": self.format,
-            "positions": self.positions,
-            "pending": self.pending,
-            "watermarks": self.watermarks,
-            "late": self.late,
-            "stats": self.stats,
-        }
+        out: dict[str, Any] = {"format": self.format if self.base is None else CURSOR_FORMAT}
+        if self.base is None:
+            out["positions"] = self.positions
+        out["pending"] = self.pending
+        out["watermarks"] = self.watermarks
+        out["late"] = self.late
+        out["stats"] = self.stats
+        if self.base is not None:
+            base = self.base
+            for part, off in self.positions.items():
+                if base.get(part) != off:
+                    out[_POSITION + part] = off
         for name, state in self.windows.items():
             out[_WINDOW + name] = state
         if self.audit is not None:
@@ -104,14 +122,20 @@ class Cursor(msgspec.Struct, kw_only=True):
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any]) -> Cursor:
         """A cursor read back from the index; refuses a layout this version cannot read."""
-        if raw.get("format") != CURSOR_FORMAT:
+        if raw.get("format") not in _READS:
             msg = (
                 f"the index holds a stream cursor of format {raw.get('format')!r}; this "
                 f"streamrag writes format {CURSOR_FORMAT}: upgrade streamrag, or delete the "
                 "state directory and replay the input"
             )
             raise StreamragError(msg)
-        fields = {k: v for k, v in raw.items() if not k.startswith(_WINDOW) and v is not None}
+        fields = {
+            k: v for k, v in raw.items() if not k.startswith((_WINDOW, _POSITION)) and v is not None
+        }
+        fields["positions"] = {
+            **raw.get("positions", {}),
+            **{k[len(_POSITION) :]: v for k, v in raw.items() if k.startswith(_POSITION)},
+        }
         fields["windows"] = {
             k[len(_WINDOW) :]: v for k, v in raw.items() if k.startswith(_WINDOW) and v is not None
         }
@@ -331,6 +355,7 @@ class CursorKeeper:
         counts = stats()
         self._captured = versions
         return Cursor(
+            base=dict(self.positions),
             positions=positions,
             pending=waiting,
             watermarks=event_time.tracker.snapshot(),
