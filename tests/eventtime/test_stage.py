@@ -210,7 +210,7 @@ def test_pipeline_cursor_resumes_reading_and_windows_together(
     run(len(lines), None, whole)
     parts: list[Any] = []
     half = run(30, None, parts)
-    assert half["positions"]
+    assert any(k.startswith("position:") for k in half) or half.get("positions")
     run(len(lines), half, parts)
 
     def finals(results: list[Any]) -> dict[Any, Any]:

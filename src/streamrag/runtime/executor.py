@@ -162,7 +162,10 @@ class PipelineRunner:
             if did or did is None:
                 continue
             wait_us = pipeline.wait_us()
-            timeout = self.poll_interval_s * 10 if wait_us is None else wait_us / 1e6
+            # Nothing due: the reader sets _queued when it queues something, so a job
+            # whose sources wake it sleeps as long as the reader does.
+            idle = self.wake_timeout_s if self.sleeps else self.poll_interval_s * 10
+            timeout = idle if wait_us is None else wait_us / 1e6
             self._queued.wait(timeout)
             self._queued.clear()
         self._reader_done.wait()  # nothing is queued after this

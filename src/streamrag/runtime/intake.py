@@ -123,6 +123,7 @@ class Intake:
                 old = self._bytes_per_chunk
                 self._bytes_per_chunk = per if old == 0 else 0.7 * old + 0.3 * per
         for part, mark in marks:  # a source's own watermark holds after its batch
+            part = self.windows.input_of(part)
             self._route_windows(self.event_time.observe_watermark(part, mark))
         self.metrics.pending.set(self.batcher.pending)
         return read or len(marks)  # a watermark alone is progress too

@@ -47,7 +47,7 @@ from streamrag.runtime.intake import Intake, WindowHook
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.outbox import Outbox
 from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink, Prepared
-from streamrag.sources.base import Source
+from streamrag.sources.base import GroupsWatermarks, Source
 from streamrag.timing import Clock, Timestamp
 
 __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
@@ -95,7 +95,10 @@ class Pipeline:
         )
         self.batcher = batcher or MicroBatcher(max_batch_size=256, max_delay_ms=20, clock=clock)
         self.ledger = Ledger(lambda: self.batcher.pending, lambda: self.keeper.rewind.waiting)
-        self.windows = EventTimeStep(event_time or EventTimeStage(WatermarkTracker(clock=clock)))
+        self.windows = EventTimeStep(
+            event_time or EventTimeStage(WatermarkTracker(clock=clock)),
+            self.reader.watermark_input if isinstance(self.reader, GroupsWatermarks) else None,
+        )
         self.embedding = Embedding(
             embedder,
             clock=clock,

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 from streamrag.changes import ChangeBatch, Op
@@ -166,13 +167,30 @@ class EventTimeStep:
 
     name = "event-time"
 
-    def __init__(self, stage: EventTimeStage) -> None:
+    def __init__(self, stage: EventTimeStage, inputs: Callable[[str], str] | None = None) -> None:
         self.stage = stage
+        self.inputs = inputs
+        """Partition → watermark input, for sources whose partitions share one (a folder)."""
+        self._named: dict[str, str] = {}
+
+    def input_of(self, partition: str) -> str:
+        """The watermark input ``partition`` counts towards."""
+        if self.inputs is None:
+            return partition
+        named = self._named.get(partition)
+        if named is None:
+            if len(self._named) > 100_000:
+                self._named.clear()
+            named = self._named[partition] = self.inputs(partition)
+        return named
 
     def __call__(self, changes: ChangeBatch) -> StageResult[StageOutput]:
         """Window the changes; late ones and those without a value become side outputs."""
         try:
-            out = self.stage.process(changes)
+            grouped = changes
+            if self.inputs is not None:
+                grouped = replace(changes, sources=[self.input_of(p) for p in changes.sources])
+            out = self.stage.process(grouped)
         except Exception as exc:
             log.exception("the event-time stage failed on %d changes", len(changes))
             reason = (

@@ -34,6 +34,7 @@ from streamrag.timing import Timestamp
 
 __all__ = [
     "AcknowledgesCommits",
+    "GroupsWatermarks",
     "RawBatch",
     "ReportsHealth",
     "Source",
@@ -191,4 +192,21 @@ class ReportsHealth(Protocol):
 
     def health(self) -> dict[str, Any]:
         """The connector's state as ``/v1/status`` shows it."""
+        ...
+
+
+@runtime_checkable
+class GroupsWatermarks(Protocol):
+    """A reader whose partitions share one watermark input.
+
+    The event-time stage keeps a watermark per input, and by default every
+    partition is an input: right for a Kafka partition, which is ordered in
+    itself. A folder's partitions are its files: each one speaks once per
+    version and then falls silent, so as inputs they would hold event time back
+    until each went idle, and their state would grow with the folder. Such a
+    reader names the input each of its partitions belongs to (the folder).
+    """
+
+    def watermark_input(self, partition: str) -> str:
+        """The watermark input of ``partition`` (``partition`` itself when not this reader's)."""
         ...

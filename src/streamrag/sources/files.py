@@ -11,6 +11,7 @@ a :class:`~streamrag.sources.watch.FolderWatch` of that folder).
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["JsonlSource", "JsonlSourceReader"]
 
 _BLOCK = 1 << 16
+_CONNECTOR = re.compile(r"^(folder|postgres|kafka|nats|redis):[A-Za-z0-9_.-]+:")
 _WATCH_STEP_MS = 25
 """How often the folder watch looks at the kernel's events while idle (25-50 ms to wake)."""
 _BUSY_STEP_MS = 2
@@ -49,6 +51,8 @@ class JsonlSource:
 
     def owns(self, partition: str) -> bool:
         """Whether a partition name (a file path) belongs to this source."""
+        if _CONNECTOR.match(partition):  # another connector's (kind:name:...), never a path
+            return False
         path = Path(self.path)
         return partition == str(path) or Path(partition).parent == path
 

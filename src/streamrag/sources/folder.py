@@ -295,6 +295,12 @@ class FolderReader:
         listing = self._scanned_at is None and self._health.retries == 0  # not failed: due
         return pending + (1 if listing else 0)
 
+    def watermark_input(self, partition: str) -> str:
+        """All of a folder's files are one watermark input: the folder (``folder:NAME``)."""
+        if partition.startswith(self._prefix):
+            return self._prefix[:-1]
+        return partition
+
     def wake_on(self, event: threading.Event) -> None:
         """Set ``event`` when the folder changes, when a file settles, and while work is left."""
         self._events.append(event)

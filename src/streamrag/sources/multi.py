@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from streamrag.sources.base import (
     AcknowledgesCommits,
+    GroupsWatermarks,
     RawBatch,
     ReportsHealth,
     SourceReader,
@@ -86,6 +87,15 @@ class MultiSourceReader:
     def wakes(self) -> bool:
         """Whether every reader wakes the job itself (then an idle job need not poll)."""
         return all(isinstance(r, Wakes) for r in self.readers)
+
+    def watermark_input(self, partition: str) -> str:
+        """The watermark input the owning reader names for ``partition`` (else itself)."""
+        for reader in self.readers:
+            if isinstance(reader, GroupsWatermarks):
+                named = reader.watermark_input(partition)
+                if named != partition:
+                    return named
+        return partition
 
     def health(self) -> dict[str, Any]:
         """Each connector's report (see :class:`~streamrag.sources.base.ReportsHealth`)."""
