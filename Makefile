@@ -41,6 +41,11 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/history.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/contention.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_postgres.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_nats.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_folder.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/folder_idle.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/chunking_quality.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo .models

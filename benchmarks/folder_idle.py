@@ -238,7 +238,8 @@ def write(res: dict[str, Any]) -> None:
             f"{res['one_file_commit_wal_bytes']:,} bytes",
         ),
         (
-            "msgpack size of the cursor's positions alone (computed)",
+            "all 10,000 positions as msgpack (only checkpoints write them all; "
+            "a commit writes those that moved)",
             f"{res['cursor_positions_msgpack_bytes']:,} bytes ({kib:.0f} KiB)",
         ),
     ]
