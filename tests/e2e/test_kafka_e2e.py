@@ -36,6 +36,7 @@ from streamrag.config import IndexSettings
 from streamrag.index import LsmIndex
 from streamrag.index.factory import lsm_spec
 from streamrag.ingest import DeadLetterStore
+from streamrag.runtime.cursor import Cursor
 from tests.e2e.conftest import Server, free_port, wait_for
 from tests.sources import kafka_broker
 from tests.sources.kafka_broker import CLIENT, Broker
@@ -118,10 +119,11 @@ def _durable(state: Path, topic: str) -> dict[int, int]:
         cursor = index.cursor or {}
     finally:
         index.close()
+    positions = Cursor.from_mapping(cursor).positions if cursor else {}
     out: dict[int, int] = {}
     for p in range(PARTS):
         name = f"kafka:orders:{topic}:{p}"
-        at = cursor.get("positions", {}).get(name, 0)
+        at = positions.get(name, 0)
         waiting = cursor.get("pending", {}).get(name) or []
         out[p] = min([at, *waiting])
     return out

@@ -30,6 +30,7 @@ pytest.importorskip("psycopg2")
 from streamrag.config import IndexSettings
 from streamrag.index import LsmIndex
 from streamrag.index.factory import lsm_spec
+from streamrag.runtime.cursor import Cursor
 from streamrag.sources.pgoutput import SNAP_DONE
 from tests.e2e.conftest import free_port
 from tests.sources.pg_cluster import Cluster, pg_cluster  # noqa: F401
@@ -126,10 +127,12 @@ def _snapshot_unfinished(tmp: Path) -> bool:
     settings = IndexSettings(checkpoint_every=16, seal_rows=1024)
     index = LsmIndex(64, lsm_spec(settings), path=tmp / "state" / "index")
     try:
-        cursor = index.cursor or {}
+        cursor = index.cursor
     finally:
         index.close()
-    at = cursor.get("positions", {}).get("postgres:pg:snapshot:public.tickets")
+    if cursor is None:
+        return False
+    at = Cursor.from_mapping(cursor).positions.get("postgres:pg:snapshot:public.tickets")
     return at is not None and at & SNAP_DONE != SNAP_DONE
 
 

@@ -71,7 +71,7 @@ class RawBatch:
     >>> RawBatch("orders-0", [b'{"doc_id": "a"}'], [41], 42, watermark=1_000_000)
     ... # doctest: +NORMALIZE_WHITESPACE
     RawBatch(source='orders-0', lines=[b'{"doc_id": "a"}'], offsets=[41], end_offset=42,
-             sizes=None, watermark=1000000)
+             sizes=None, watermark=1000000, decoder=None, keys=None, times=None)
     """
 
     source: str
