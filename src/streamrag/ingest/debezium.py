@@ -65,16 +65,8 @@ from streamrag.config.sources import (
 )
 from streamrag.errors import DecodeError
 from streamrag.ingest.deadletter import DeadLetter
-from streamrag.ingest.formats import ChangeColumns
-from streamrag.ingest.rows import (
-    ColumnTypes,
-    RowMapper,
-    check_size,
-    column_types,
-    reason,
-    show,
-    unwrap,
-)
+from streamrag.ingest.formats import decode_each, show
+from streamrag.ingest.rows import ColumnTypes, RowMapper, column_types, unwrap
 from streamrag.sources.base import RawBatch
 from streamrag.timing import US_PER_MS, Timestamp
 
@@ -145,24 +137,7 @@ class DebeziumDecoder:
 
     def decode(self, raws: Sequence[RawBatch]) -> tuple[ChangeBatch, list[DeadLetter]]:
         """Decode every record; each becomes one change or one dead letter."""
-        out = ChangeColumns()
-        letters: list[DeadLetter] = []
-        limit = self.max_document_bytes
-        for raw in raws:
-            sizes = raw.sizes or {}
-            for i, (line, offset) in enumerate(zip(raw.lines, raw.offsets, strict=True)):
-                try:
-                    check_size(sizes.get(i, len(line)), limit)
-                    key = raw.keys[i] if raw.keys is not None else None
-                    time = raw.times[i] if raw.times is not None else None
-                    doc_id, tenant, op, ts, payload = self._one(line, key, time)
-                except Exception as exc:  # any error dead-letters the record, never the read
-                    letters.append(
-                        DeadLetter(raw.source, offset, self.stage, reason(exc), show(line, limit))
-                    )
-                    continue
-                out.add(tenant, doc_id, op, ts, payload, raw.source, offset)
-        return out.batch(), letters
+        return decode_each(raws, self.stage, self.max_document_bytes, self._one)
 
     def _one(self, line: bytes, key: bytes | None, time: Timestamp | None) -> _Mapped:
         if line.startswith(_BOM):

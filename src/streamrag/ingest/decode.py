@@ -28,6 +28,7 @@ import numpy as np
 from streamrag.changes import ChangeBatch, Op
 from streamrag.errors import DecodeError
 from streamrag.ingest.deadletter import DeadLetter
+from streamrag.ingest.formats import show
 from streamrag.ingest.normalize import normalize_text
 from streamrag.sources.base import RawBatch
 from streamrag.timing import parse_timestamp
@@ -92,7 +93,7 @@ class Decoder:
                     tenant, doc_id, op, ts, payload = self._check(rec, default_tenant)
                 except Exception as exc:  # any error dead-letters the line, never the read
                     letters.append(
-                        DeadLetter(source, offset, self.stage, _reason(exc), _show(line, limit))
+                        DeadLetter(source, offset, self.stage, _reason(exc), show(line, limit))
                     )
                     continue
                 tenants.append(tenant)
@@ -169,8 +170,3 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, ValueError):
         return str(exc)
     return f"the decoder failed on this record: {type(exc).__name__}: {exc}"
-
-
-def _show(line: bytes, limit: int) -> str:
-    text = line[: min(limit, 64_000)].decode("utf-8", "backslashreplace")
-    return text if len(line) <= 64_000 else text + "…[cut]"

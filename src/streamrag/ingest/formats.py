@@ -20,9 +20,10 @@ shares: a non-empty id and tenant, an upsert with text).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import msgspec
 import numpy as np
 
 from streamrag.changes import ChangeBatch, Op
@@ -32,7 +33,19 @@ from streamrag.ingest.normalize import normalize_text
 from streamrag.sources.base import RawBatch
 from streamrag.timing import Timestamp
 
-__all__ = ["ChangeColumns", "DecoderSet", "RecordDecoder", "check_change"]
+__all__ = [
+    "ChangeColumns",
+    "DecoderSet",
+    "RecordDecoder",
+    "check_change",
+    "check_size",
+    "decode_each",
+    "reason",
+    "show",
+]
+
+OneRecord = Callable[[bytes, bytes | None, Timestamp | None], tuple[str, str, int, int, Any]]
+"""Decodes one record (line, key, record time) to ``(doc_id, tenant, op, event_time, payload)``."""
 
 
 @runtime_checkable
@@ -177,3 +190,62 @@ class DecoderSet:
             for line, off in zip(raw.lines, raw.offsets, strict=True)
         ]
         return ChangeBatch.empty(), letters
+
+
+def decode_each(
+    raws: Sequence[RawBatch], stage: str, limit: int, one: OneRecord
+) -> tuple[ChangeBatch, list[DeadLetter]]:
+    """Run ``one`` over every record within the size limit; any error makes a dead letter.
+
+    The loop every record format shares: one outcome per record, whatever
+    ``one`` raises, with the record's source and offset.
+    """
+    out = ChangeColumns()
+    letters: list[DeadLetter] = []
+    for raw in raws:
+        sizes = raw.sizes or {}
+        for i, (line, offset) in enumerate(zip(raw.lines, raw.offsets, strict=True)):
+            try:
+                check_size(sizes.get(i, len(line)), limit)
+                key = raw.keys[i] if raw.keys is not None else None
+                time = raw.times[i] if raw.times is not None else None
+                doc_id, tenant, op, ts, payload = one(line, key, time)
+            except Exception as exc:  # any error dead-letters the record, never the read
+                letters.append(
+                    DeadLetter(raw.source, offset, stage, reason(exc), show(line, limit))
+                )
+                continue
+            out.add(tenant, doc_id, op, ts, payload, raw.source, offset)
+    return out.batch(), letters
+
+
+def check_size(size: int, limit: int) -> None:
+    """Refuse a record above ``ingest.max_document_bytes``."""
+    if size > limit:
+        msg = (
+            f"record is {size:,} bytes, above ingest.max_document_bytes={limit:,}; "
+            "split the document or raise the limit"
+        )
+        raise DecodeError(msg)
+
+
+def reason(exc: Exception) -> str:
+    """The dead letter's reason for an error met while decoding a record."""
+    if isinstance(exc, RecursionError):
+        return (
+            "JSON nested too deeply to decode (RecursionError); flatten the record: "
+            "column values should be scalars or shallow objects"
+        )
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text: {exc}; write each record as UTF-8 encoded JSON"
+    if isinstance(exc, msgspec.DecodeError):
+        return f"not JSON: {exc}; each record must be one JSON object"
+    if isinstance(exc, ValueError):
+        return str(exc)
+    return f"the decoder failed on this record: {type(exc).__name__}: {exc}"
+
+
+def show(line: bytes, limit: int) -> str:
+    """The record as the dead letter keeps it (cut at 64 kB)."""
+    text = line[: min(limit, 64_000)].decode("utf-8", "backslashreplace")
+    return text if len(line) <= 64_000 else text + "…[cut]"

@@ -67,7 +67,7 @@ from streamrag.config.sources import (
 )
 from streamrag.errors import DecodeError
 from streamrag.ingest.deadletter import DeadLetter
-from streamrag.ingest.formats import ChangeColumns, check_change
+from streamrag.ingest.formats import check_change, decode_each
 from streamrag.sources.base import RawBatch
 from streamrag.timing import US_PER_MS, US_PER_S, Timestamp, format_timestamp, parse_timestamp
 
@@ -506,23 +506,9 @@ class RowDecoder:
 
     def decode(self, raws: Sequence[RawBatch]) -> tuple[ChangeBatch, list[DeadLetter]]:
         """Decode every record; good ones become upserts, bad ones dead letters."""
-        out = ChangeColumns()
-        letters: list[DeadLetter] = []
-        limit = self.max_document_bytes
-        for raw in raws:
-            sizes = raw.sizes or {}
-            for i, (line, offset) in enumerate(zip(raw.lines, raw.offsets, strict=True)):
-                try:
-                    check_size(sizes.get(i, len(line)), limit)
-                    time = raw.times[i] if raw.times is not None else None
-                    doc_id, tenant, op, ts, payload = self._one(line, time)
-                except Exception as exc:  # any error dead-letters the record, never the read
-                    letters.append(
-                        DeadLetter(raw.source, offset, self.stage, reason(exc), show(line, limit))
-                    )
-                    continue
-                out.add(tenant, doc_id, op, ts, payload, raw.source, offset)
-        return out.batch(), letters
+        return decode_each(
+            raws, self.stage, self.max_document_bytes, lambda line, _, time: self._one(line, time)
+        )
 
     def _one(self, line: bytes, time: Timestamp | None) -> tuple[str, str, Op, int, dict[str, Any]]:
         if line.startswith(_BOM):
@@ -537,39 +523,7 @@ class RowDecoder:
         return self.mapper.map(row, record_time=time, types=column_types(schema))
 
 
-def check_size(size: int, limit: int) -> None:
-    """Refuse a record above ``ingest.max_document_bytes``."""
-    if size > limit:
-        msg = (
-            f"record is {size:,} bytes, above ingest.max_document_bytes={limit:,}; "
-            "split the document or raise the limit"
-        )
-        raise DecodeError(msg)
-
-
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
     return {str: "a string", bool: "a boolean", list: "an array"}.get(type(value), "a number")
-
-
-def reason(exc: Exception) -> str:
-    """The dead letter's reason for an error met while decoding a record."""
-    if isinstance(exc, RecursionError):
-        return (
-            "JSON nested too deeply to decode (RecursionError); flatten the record: "
-            "column values should be scalars or shallow objects"
-        )
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8 text: {exc}; write each record as UTF-8 encoded JSON"
-    if isinstance(exc, msgspec.DecodeError):
-        return f"not JSON: {exc}; each record must be one JSON object"
-    if isinstance(exc, ValueError):
-        return str(exc)
-    return f"the decoder failed on this record: {type(exc).__name__}: {exc}"
-
-
-def show(line: bytes, limit: int) -> str:
-    """The record as the dead letter keeps it (cut at 64 kB)."""
-    text = line[: min(limit, 64_000)].decode("utf-8", "backslashreplace")
-    return text if len(line) <= 64_000 else text + "…[cut]"
