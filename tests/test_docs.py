@@ -45,3 +45,18 @@ def test_readme_starts_with_the_commands_and_own_data() -> None:
     """What a user needs first comes first: the two commands, then their own data."""
     heads = re.findall(r"(?m)^## (.+)$", README.read_text(encoding="utf-8"))
     assert heads[:2] == ["The two commands", "Your own data"]
+
+
+def test_every_config_of_your_own_data_loads(tmp_path: Path) -> None:
+    """The copy-pasteable configs of "Your own data" are valid settings."""
+    from streamrag.config import load_settings
+
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Your own data", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    assert len(blocks) >= 5
+    for i, block in enumerate(blocks):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(block, encoding="utf-8")
+        settings = load_settings(path, environ={})
+        assert settings.sources, block
