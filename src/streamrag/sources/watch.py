@@ -33,6 +33,7 @@ when a watch starts, and a watch that cannot start says why in
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ OVERFLOW_PATHS = 20_000
 
 _IDLE_TIMEOUT_MS = 200
 """How long one wait for events lasts before the thread looks at its own state again."""
+
+_FINE_STEP_MS = 5
+"""The step of a wait that ends close to a deadline (a file due to have settled)."""
 
 log = logging.getLogger("streamrag.sources.watch")
 
@@ -141,7 +145,11 @@ class FolderWatch:
         return out
 
     def wake_at(self, monotonic_s: float) -> None:
-        """Set the events at ``time.monotonic() == monotonic_s`` (the earliest asked wins)."""
+        """Set the events at ``time.monotonic() == monotonic_s`` (the earliest asked wins).
+
+        While busy (after a change, when deadlines are set) the thread looks at
+        the deadline every step, so one set during a wait is met within a step.
+        """
         with self._lock:
             if self._deadline is None or monotonic_s < self._deadline:
                 self._deadline = monotonic_s
@@ -235,17 +243,20 @@ class FolderWatch:
         busy = now < self._busy_until
         step = self.busy_step_ms if busy else self.step_ms
         timeout = _IDLE_TIMEOUT_MS
-        if busy:
-            timeout = min(timeout, int((self._busy_until - now) * 1000))
+        if busy:  # one step at a time: a deadline set meanwhile is seen at the next
+            timeout = min(timeout, int((self._busy_until - now) * 1000), step)
         with self._lock:
             deadline = self._deadline
         if deadline is not None:
-            timeout = min(timeout, int((deadline - now) * 1000))
+            left = math.ceil((deadline - now) * 1000)
+            timeout = min(timeout, left)
+            if left <= 2 * step:  # close to it: look in fine steps, so it is met in time
+                step = max(1, min(step, _FINE_STEP_MS))
         return step, max(step, timeout)
 
     def _due(self) -> None:
         with self._lock:
-            due = self._deadline is not None and time.monotonic() >= self._deadline
+            due = self._deadline is not None and time.monotonic() >= self._deadline - 0.0005
             if due:
                 self._deadline = None
         if due:
