@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Iterator
 from functools import cache
 
 import numpy as np
@@ -10,7 +11,9 @@ import pytest
 
 from streamrag.embed import REGISTRY, build_embedder
 from streamrag.embed.base import Embedder
+from streamrag.embed.remote import OpenAIEmbedder
 from streamrag.testing import CountingEmbedder, FakeEmbedder
+from tests.embed.test_remote import serving_streamrag
 
 TEXTS = ["How do I rotate the database password?", "Parental leave in Spain", "", "ünïcödé"]
 
@@ -26,14 +29,30 @@ def _embedders() -> list[object]:
         pytest.param(lambda: CountingEmbedder(), id="counting"),
     ]
     for name in sorted(set(REGISTRY.values())):
+        if name.startswith("streamrag.embed.remote:"):
+            continue  # they need a server: the case below
         marks = [pytest.mark.slow] if "sentence_transformers" in name else []
         out.append(pytest.param(lambda n=name: _registered(n), id=name, marks=marks))
+    # The OpenAI-compatible embedder, against a real streamrag serving /v1/embeddings.
+    out.append(
+        pytest.param(
+            "remote_openai", id="streamrag.embed.remote:OpenAIEmbedder", marks=[pytest.mark.slow]
+        )
+    )
     return out
 
 
+@pytest.fixture(scope="module")
+def remote_openai(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedder]:
+    with serving_streamrag(tmp_path_factory.mktemp("serve")) as url:
+        emb = OpenAIEmbedder(url, model="contract")
+        yield emb
+        emb.close()
+
+
 @pytest.mark.parametrize("make", _embedders())
-def test_embedder_contract(make) -> None:  # type: ignore[no-untyped-def]
-    emb = make()
+def test_embedder_contract(make, request: pytest.FixtureRequest) -> None:  # type: ignore[no-untyped-def]
+    emb = request.getfixturevalue(make) if isinstance(make, str) else make()
     assert type(emb).__doc__
     assert isinstance(emb.version, str)
     assert emb.version

@@ -32,7 +32,9 @@ __all__ = ["REGISTRY", "CountsTokens", "Embedder", "Loadable", "build_embedder",
 REGISTRY: dict[str, str] = {
     "hashing": "streamrag.embed.hashing:HashingEmbedder",
     "minilm": "streamrag.embed.sentence_transformers:SentenceTransformerEmbedder",
+    "openai": "streamrag.embed.remote:OpenAIEmbedder",
     "sentence-transformers": "streamrag.embed.sentence_transformers:SentenceTransformerEmbedder",
+    "tei": "streamrag.embed.remote:TEIEmbedder",
 }
 """Short names accepted in ``embedder.class``."""
 
