@@ -210,7 +210,9 @@ class EmbedderSettings(_Frozen):
     class_: str = Field(
         "minilm",
         alias="class",
-        description="'minilm', 'hashing', or an import path such as 'mypkg.emb:MyEmbedder'.",
+        description="'minilm', 'hashing', 'openai' (any OpenAI-compatible /v1/embeddings: "
+        "args url, model, api_key_env), 'tei' (Text Embeddings Inference: args url), or an "
+        "import path such as 'mypkg.emb:MyEmbedder'.",
     )
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
     attempts: int = Field(
