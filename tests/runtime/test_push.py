@@ -196,3 +196,60 @@ def test_a_job_over_a_python_source_has_no_journal(tmp_path: Path) -> None:
     svc = Service(settings, source=ScriptedSource("s", []))
     with pytest.raises(StateError, match="no push journal"):
         svc.upsert("a", "b")
+
+
+def test_many_versions_late_ones_and_a_hostile_change_in_concurrent_pushes(
+    tmp_path: Path,
+) -> None:
+    """Real pushes: versions of one document out of order within a push, a refused push
+    between good ones, and writers racing each other and a reader of the index."""
+    svc = _service(tmp_path, live=True)
+    svc.start()
+    t0 = 1_704_067_200
+    errors: list[BaseException] = []
+    refused: list[int] = []
+
+    def writer(w: int) -> None:
+        try:
+            for round_ in range(10):
+                # Four versions of this writer's document in one push, newest second.
+                times = [t0 + round_ * 10 + d for d in (1, 4, 2, 3)]
+                svc.push(
+                    [{"doc_id": f"w{w}", "text": f"w{w} at {t}", "event_time": t} for t in times]
+                )
+                try:
+                    svc.push([{"doc_id": f"x{w}", "text": "ok"}, {"doc_id": "", "op": "upsert"}])
+                except RequestError:
+                    refused.append(w)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def reader(stop: threading.Event) -> None:
+        while not stop.is_set():
+            _docs(svc)
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    query = threading.Thread(target=reader, args=(stop,))
+    query.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    last = svc.push([{"doc_id": "end", "text": "the end"}], wait_for_commit=True)
+    stop.set()
+    query.join(30)
+    try:
+        assert not errors
+        assert len(refused) == 40  # every push with a bad change was refused whole
+        assert last.committed
+        docs = _docs(svc)
+        for w in range(4):  # the newest version of the last round, whatever the order
+            assert docs[f"w{w}"] == f"w{w} at {t0 + 94}"
+            assert f"x{w}" not in docs  # its push was refused, so never journaled
+        st = svc.status()["counts"]
+        assert st["ingested"] == 4 * 10 * 4 + 1
+        assert st["ingested"] == st["applied"] + st["dead_lettered"] + st["pending"]
+        assert st["dead_lettered"] == 0
+    finally:
+        svc.stop()

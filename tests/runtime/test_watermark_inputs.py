@@ -43,3 +43,20 @@ def test_a_job_over_a_folder_of_files_keeps_one_watermark_input_for_it(tmp_path:
     assert tracker.partitions == 1
     assert set(tracker.snapshot()["inputs"]) == {"folder:docs"}
     svc.stop()
+
+
+def test_only_a_grouping_reader_puts_the_event_time_step_on_the_remapping_path(
+    tmp_path: Path,
+) -> None:
+    from streamrag.runtime.pipeline import _watermark_inputs
+    from streamrag.sources import JsonlSource
+
+    plain = MultiSource([JsonlSource(tmp_path / "a.jsonl"), JsonlSource(tmp_path / "r")]).build()
+    assert _watermark_inputs(plain) is None
+    grouped = MultiSource(
+        [JsonlSource(tmp_path / "a.jsonl"), FolderSource(name="d", path=tmp_path, watch=False)]
+    ).build()
+    inputs = _watermark_inputs(grouped)
+    assert inputs is not None
+    assert inputs("folder:d:x.md") == "folder:d"
+    grouped.close()

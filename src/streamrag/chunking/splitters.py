@@ -36,6 +36,16 @@ def count_words(text: str) -> int:
     return len(text.split())
 
 
+def check_bounds(max_tokens: int, overlap_tokens: int) -> None:
+    """Refuse chunk bounds no splitter can keep: ``0 <= overlap_tokens < max_tokens``."""
+    if max_tokens <= 0:
+        msg = f"max_tokens must be positive, found {max_tokens}"
+        raise ArgumentError(msg)
+    if not 0 <= overlap_tokens < max_tokens:
+        msg = f"overlap_tokens must be in [0, max_tokens={max_tokens}), found {overlap_tokens}"
+        raise ArgumentError(msg)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenSplitter:
     """Paragraph-aware, token-bounded splitting with overlap for long paragraphs."""
@@ -45,15 +55,7 @@ class TokenSplitter:
     count_tokens: Callable[[str], int] = count_words
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            msg = f"max_tokens must be positive, found {self.max_tokens}"
-            raise ArgumentError(msg)
-        if not 0 <= self.overlap_tokens < self.max_tokens:
-            msg = (
-                f"overlap_tokens must be in [0, max_tokens={self.max_tokens}), "
-                f"found {self.overlap_tokens}"
-            )
-            raise ArgumentError(msg)
+        check_bounds(self.max_tokens, self.overlap_tokens)
 
     def split(self, text: str) -> list[str]:
         """Return the chunks of ``text`` in order (one chunk for a short text)."""

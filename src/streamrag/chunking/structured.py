@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any, Protocol, runtime_checkable
 
-from streamrag.chunking.splitters import count_words
-from streamrag.errors import ArgumentError, MissingDependencyError
+from streamrag.chunking.splitters import check_bounds, count_words
+from streamrag.errors import MissingDependencyError
 
 __all__ = [
     "Chunk",
@@ -315,15 +315,7 @@ class StructuredSplitter:
     _native: dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_tokens <= 0:
-            msg = f"max_tokens must be positive, found {self.max_tokens}"
-            raise ArgumentError(msg)
-        if not 0 <= self.overlap_tokens < self.max_tokens:
-            msg = (
-                f"overlap_tokens must be in [0, max_tokens={self.max_tokens}), "
-                f"found {self.overlap_tokens}"
-            )
-            raise ArgumentError(msg)
+        check_bounds(self.max_tokens, self.overlap_tokens)
         self._native[self.max_tokens] = self._build(self.max_tokens)  # fails here if missing
 
     def __getstate__(self) -> dict[str, Any]:

@@ -47,7 +47,8 @@ from streamrag.runtime.intake import Intake, WindowHook
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.outbox import Outbox
 from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink, Prepared
-from streamrag.sources.base import GroupsWatermarks, Source
+from streamrag.sources.base import GroupsWatermarks, Source, SourceReader
+from streamrag.sources.multi import MultiSourceReader
 from streamrag.timing import Clock, Timestamp
 
 __all__ = ["CURSOR_FORMAT", "CommitHook", "Pipeline", "PipelineStats", "Prepared", "WindowHook"]
@@ -97,7 +98,7 @@ class Pipeline:
         self.ledger = Ledger(lambda: self.batcher.pending, lambda: self.keeper.rewind.waiting)
         self.windows = EventTimeStep(
             event_time or EventTimeStage(WatermarkTracker(clock=clock)),
-            self.reader.watermark_input if isinstance(self.reader, GroupsWatermarks) else None,
+            _watermark_inputs(self.reader),
         )
         self.embedding = Embedding(
             embedder,
@@ -247,3 +248,15 @@ def _check_dims(embedder: Embedder, index: VectorIndex) -> None:
             f"{index.dim}; build the index with dim={embedder.dim}"
         )
         raise StreamragError(msg)
+
+
+def _watermark_inputs(reader: SourceReader) -> Callable[[str], str] | None:
+    """How the reader groups partitions into watermark inputs; None when it does not.
+
+    None keeps the event-time step off the remapping path for the many jobs whose
+    partitions are each their own input (a multi-source reader groups only when
+    one of its readers does).
+    """
+    if isinstance(reader, MultiSourceReader):
+        return reader.watermark_input if reader.groups_watermarks else None
+    return reader.watermark_input if isinstance(reader, GroupsWatermarks) else None

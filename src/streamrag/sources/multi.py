@@ -88,6 +88,11 @@ class MultiSourceReader:
         """Whether every reader wakes the job itself (then an idle job need not poll)."""
         return all(isinstance(r, Wakes) for r in self.readers)
 
+    @property
+    def groups_watermarks(self) -> bool:
+        """Whether any reader names watermark inputs (else every partition is its own)."""
+        return any(isinstance(r, GroupsWatermarks) for r in self.readers)
+
     def watermark_input(self, partition: str) -> str:
         """The watermark input the owning reader names for ``partition`` (else itself)."""
         for reader in self.readers:
