@@ -67,6 +67,7 @@ __all__ = [
     "ChunkingSettings",
     "ContextSettings",
     "EmbedderSettings",
+    "EmbedderSpec",
     "EventTimeSettings",
     "FolderSourceSettings",
     "IndexSettings",
@@ -204,8 +205,26 @@ class BatcherSettings(_Frozen):
     )
 
 
+class EmbedderSpec(_Frozen):
+    """Another embedder (a fallback, or a faster variant): its class and arguments."""
+
+    class_: str = Field(
+        alias="class",
+        description="A registered name ('minilm-onnx', 'minilm', 'tei', ...) or an import path.",
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+
+
 class EmbedderSettings(_Frozen):
-    """Which embedder to use: a registered name or an import path ``pkg.mod:Name``."""
+    """Which embedder to use: a registered name or an import path ``pkg.mod:Name``.
+
+    ``fallback`` and ``fast`` name other embedders of the same vector space
+    (the same model; a precision variant qualifies where its vectors agree with
+    the model's, cosine ≥ 0.99): the pipeline embeds with ``fallback`` while
+    the configured one fails, and with ``fast`` while changes wait longer than
+    ``fast_above_lag_ms``. Changing to another model is a re-index
+    (``streamrag reindex``), never a fallback.
+    """
 
     class_: str = Field(
         "minilm",
@@ -225,6 +244,25 @@ class EmbedderSettings(_Frozen):
         gt=0,
         description="Longest one embed call may take before it counts as failed (none: no "
         "limit; set it for remote embedders).",
+    )
+    fallback: EmbedderSpec | None = Field(
+        None,
+        description="Embed with this one while the configured embedder fails (endpoint down, "
+        "timeouts); the configured one is probed every probe_every_ms and used again once it "
+        "answers. Must make vectors in the same space (the same model).",
+    )
+    probe_every_ms: int = Field(
+        5000, gt=0, description="While on the fallback: how often the configured embedder is tried."
+    )
+    fast: EmbedderSpec | None = Field(
+        None,
+        description="A faster variant of the same model (for example minilm-onnx with "
+        "precision int8), used while the oldest waiting change is older than fast_above_lag_ms.",
+    )
+    fast_above_lag_ms: int = Field(
+        2000,
+        gt=0,
+        description="With fast: switch to it above this wait, back below half of it.",
     )
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "DocState",
     "Hit",
     "IndexStats",
+    "KnowsEmbedders",
     "MetaPredicate",
     "MetaValue",
     "ReportsRebuild",
@@ -96,12 +97,22 @@ class CommitBatch:
     hashes: list[bytes]
     vectors: npt.NDArray[np.float32]
     embedder_version: str = ""
+    chunk_embedders: Sequence[str] | None = None
+    """Which embedder made each chunk's vector, when not all were made by ``embedder_version``
+    (a fallback stood in for part of the batch, or a reused vector came from another)."""
     cursor: Mapping[str, Any] | None = None
     """Where the stream stands once this batch is in (see :func:`merge_cursor`).
 
     Written in the same log record as the batch, so the index and the stream
     position it reflects are durable together or not at all.
     """
+
+    def embedders(self, rows: Sequence[int]) -> list[str]:
+        """The embedder version of each of ``rows`` (chunks of this batch)."""
+        per = self.chunk_embedders
+        if per is None:
+            return [self.embedder_version] * len(rows)
+        return [per[i] for i in rows]
 
 
 def merge_cursor(
@@ -315,6 +326,15 @@ class VectorIndex(Protocol):
 
     def export(self) -> list[tuple[Hit, npt.NDArray[np.float32]]]:
         """Every live chunk of the latest epoch with its vector (for replays and audits)."""
+        ...
+
+
+@runtime_checkable
+class KnowsEmbedders(Protocol):
+    """An index that can say which embedder made a stored vector (chunk reuse keeps it)."""
+
+    def embedders_at(self, rows: Sequence[int]) -> list[str]:
+        """The embedder version of each row that :meth:`VectorIndex.doc_state` gives."""
         ...
 
 

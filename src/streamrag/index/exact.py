@@ -188,6 +188,11 @@ class ExactIndex:
         """Copies of stored vectors (writer side)."""
         return self._cols.vectors[np.asarray(rows, dtype=np.int64)].copy()
 
+    def embedders_at(self, rows: Sequence[int]) -> list[str]:
+        """The embedder version that made each of these rows' vectors (writer side)."""
+        versions = self._cols.embedder_versions
+        return [versions[r] for r in rows]
+
     def search_many(
         self,
         queries: npt.NDArray[np.float32],
@@ -332,7 +337,7 @@ class ExactIndex:
         cols.tenants.extend(per_chunk(tenants))
         cols.domains.extend(per_chunk(domains))
         cols.sources.extend(per_chunk([d.source for d in kept]))
-        cols.embedder_versions.extend([batch.embedder_version] * m)
+        cols.embedder_versions.extend(batch.embedders(keep))
         self._alive[lo:hi] = True
         self._rows = hi
 

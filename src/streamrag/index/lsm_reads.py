@@ -108,6 +108,13 @@ class LsmReads(LsmState):
                 out[sel] = self._segments[sid].vectors[local[sel]]
         return out
 
+    def embedders_at(self, rows: Sequence[int]) -> list[str]:
+        """The embedder version that made each row's vector (rows of :meth:`doc_state`)."""
+        with self._lock:
+            return [
+                self._segments[int(self._rid_seg[r])].embedders[int(self._rid_row[r])] for r in rows
+            ]
+
     def search_many(
         self,
         queries: npt.NDArray[np.float32],

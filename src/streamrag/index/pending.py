@@ -137,7 +137,7 @@ class PendingRows:
             doc_ids=per_chunk([d.doc_id for d in kept]),
             domains=per_chunk([d.domain for d in kept]),
             sources=per_chunk([d.source for d in kept]),
-            embedders=[batch.embedder_version] * m,
+            embedders=batch.embedders(keep),
             texts=[batch.texts[i] for i in keep],
             hashes=[batch.hashes[i] for i in keep],
             metadata=per_chunk([dict(d.metadata) if d.metadata else None for d in kept]),

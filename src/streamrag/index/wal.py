@@ -97,6 +97,7 @@ def encode_record(epoch: int, committed_at_us: int, batch: CommitBatch) -> bytes
             "vec": np.ascontiguousarray(batch.vectors, dtype=np.float32).tobytes(),
             "dim": int(batch.vectors.shape[1]) if batch.vectors.ndim == 2 else 0,
             "emb": batch.embedder_version,
+            "embs": list(batch.chunk_embedders) if batch.chunk_embedders is not None else None,
             "cur": dict(batch.cursor) if batch.cursor is not None else None,
         }
     )
@@ -120,6 +121,7 @@ def decode_payload(payload: bytes) -> WalRecord:
         hashes=list(obj["hashes"]),
         vectors=vectors.reshape(-1, dim).copy() if dim else np.zeros((0, 0), np.float32),
         embedder_version=obj["emb"],
+        chunk_embedders=obj.get("embs"),
         cursor=obj.get("cur"),
     )
     return WalRecord(obj["e"], obj["t"], batch)

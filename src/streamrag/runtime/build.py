@@ -22,7 +22,8 @@ from streamrag.config import (
     Settings,
     SourceSpec,
 )
-from streamrag.embed.base import CountsTokens, Embedder
+from streamrag.embed.base import CountsTokens, Embedder, build_embedder
+from streamrag.embed.choice import EmbedderChoice
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.errors import MissingDependencyError
 from streamrag.eventtime import (
@@ -44,6 +45,7 @@ from streamrag.timing import US_PER_MS, Clock
 
 __all__ = [
     "build_batcher",
+    "build_choice",
     "build_decoders",
     "build_event_time",
     "build_pipeline",
@@ -63,6 +65,7 @@ def build_pipeline(
     on_commit: Sequence[CommitHook] = (),
     cursor: Any = None,
     push: PushJournal | None = None,
+    choice: EmbedderChoice | None = None,
 ) -> Pipeline:
     """The job's pipeline, resuming from ``cursor`` (the index's, after a restart)."""
     emb = settings.embedder
@@ -90,6 +93,7 @@ def build_pipeline(
         commit_interval_ms=settings.batcher.commit_interval_ms,
         history=settings.index.kind == "lsm" and settings.index.history == "full",
         window_side_output=settings.event_time.late_to_dead_letter,
+        choice=choice,
     )
 
 
@@ -169,6 +173,23 @@ def _decoder(spec: SourceSpec, limits: dict[str, Any]) -> RecordDecoder:
 
         return RowDecoder.from_settings(spec, **limits)
     return Decoder(**limits)
+
+
+def build_choice(settings: Settings, primary: Embedder, clock: Clock) -> EmbedderChoice:
+    """The configured embedder with its fallback and fast variant (``embedder.*``)."""
+    emb = settings.embedder
+    fallback = (
+        None if emb.fallback is None else build_embedder(emb.fallback.class_, emb.fallback.args)
+    )
+    fast = None if emb.fast is None else build_embedder(emb.fast.class_, emb.fast.args)
+    return EmbedderChoice(
+        primary,
+        clock=clock,
+        fallback=fallback,
+        fast=fast,
+        probe_every_s=emb.probe_every_ms / 1000,
+        fast_above_lag_us=emb.fast_above_lag_ms * US_PER_MS,
+    )
 
 
 def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:

@@ -10,7 +10,10 @@ A commit is five steps (:meth:`Committer.apply`):
    (the same text earlier in this batch) or *embedded*?
 2. **Embed** what is new (:class:`Embedding`), in calls the adaptive controller
    sizes, with retries, backoff and bisection
-   (:func:`~streamrag.embed.resilient.embed_resilient`).
+   (:func:`~streamrag.embed.resilient.embed_resilient`), on the embedder the
+   :class:`~streamrag.embed.choice.EmbedderChoice` picks for the call (the
+   configured one, its fallback while it fails, or a fast variant while changes
+   wait too long). Every chunk records the embedder that made its vector.
 3. **Set poison aside**. A text the embedder refuses on its own while others
    succeed is poison: its document is dead-lettered whole (stage ``embed``)
    and the rest commit. No epoch ever has a document with a missing vector.
@@ -32,6 +35,7 @@ that is still waiting, which is refused again on replay and kept once.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,8 +48,10 @@ from streamrag.batching import AdaptiveController, PendingBatch
 from streamrag.changes import Op
 from streamrag.chunking import chunk_id
 from streamrag.embed.base import Embedder
-from streamrag.embed.resilient import RetryPolicy, embed_resilient
-from streamrag.index.base import CommitBatch, CommitResult, DocOp, VectorIndex
+from streamrag.embed.choice import Choice, EmbedderChoice
+from streamrag.embed.resilient import EmbedOutcome, RetryPolicy, embed_resilient
+from streamrag.errors import EmbedderError
+from streamrag.index.base import CommitBatch, CommitResult, DocOp, KnowsEmbedders, VectorIndex
 from streamrag.index.versions import is_newer, newest_per_doc
 from streamrag.ingest import DeadLetter
 from streamrag.runtime.cursor import Cursor
@@ -181,8 +187,9 @@ class Embedding:
         controller: AdaptiveController | None = None,
         queued: Callable[[], int] = lambda: 0,
         sleep: Callable[[float], None] = time.sleep,
+        choice: EmbedderChoice | None = None,
     ) -> None:
-        self.embedder = embedder
+        self.choice = choice or EmbedderChoice(embedder, clock=clock)
         self.clock = clock
         self.metrics = metrics
         self.retry = retry or RetryPolicy()
@@ -193,23 +200,39 @@ class Embedding:
         """Texts per second over recent calls (sizes a stopping flush)."""
         self.retries = 0
 
+    @property
+    def embedder(self) -> Embedder:
+        """The configured embedder (the one whose vector space the index holds)."""
+        return self.choice.primary
+
     def fill(
-        self, texts: list[str], slots: list[int], vectors: npt.NDArray[np.float32], step: int
+        self,
+        texts: list[str],
+        slots: list[int],
+        vectors: npt.NDArray[np.float32],
+        step: int,
+        *,
+        made_by: list[str] | None = None,
+        lag_us: int | None = None,
     ) -> dict[int, str]:
         """Embed the texts at ``slots`` into ``vectors``, ``step`` at a time.
 
-        Returns the slots whose text the embedder refuses on its own, with the
-        reason. Raises :class:`~streamrag.errors.EmbedderError` when it fails for all.
+        ``made_by[slot]`` is set to the version of the embedder that made each
+        vector; ``lag_us`` is how long the oldest change has waited (it may pick
+        the fast variant). Returns the slots whose text the embedder refuses on
+        its own, with the reason. Raises :class:`~streamrag.errors.EmbedderError`
+        when every embedder it may use fails for all texts.
         """
         poisoned: dict[int, str] = {}
         for lo in range(0, len(slots), max(1, step)):
             part = slots[lo : lo + max(1, step)]
             # Measured on the injected clock, so a test's synthetic embedder can set it.
             started = self.clock.now_us()
-            out = embed_resilient(
-                self.embedder, [texts[s] for s in part], self.retry, sleep=self.sleep
-            )
+            out, used = self._embed([texts[s] for s in part], lag_us)
             vectors[part] = out.vectors
+            if made_by is not None:
+                for s in part:
+                    made_by[s] = used.version
             for j, reason in out.failed.items():
                 poisoned[part[j]] = reason
             if out.retries or out.failed:
@@ -218,6 +241,31 @@ class Embedding:
             took = max(0, self.clock.now_us() - started) / US_PER_S
             self._observe(len(part), took, steady=not out.failed and out.calls == 1)
         return poisoned
+
+    def _embed(self, texts: list[str], lag_us: int | None) -> tuple[EmbedOutcome, Embedder]:
+        """One call's texts on the chosen embedder; on the fallback if the configured one fails."""
+        choice = self.choice
+        picked = choice.for_batch(lag_us)
+        if picked.probe:  # one text, one try: a dead endpoint costs a single call
+            try:
+                embed_resilient(picked.embedder, texts[:1], _ONE_TRY, sleep=self.sleep)
+            except EmbedderError as exc:
+                alt = choice.failed(picked, exc)
+                assert alt is not None  # probes happen only with a fallback
+                picked = alt
+            else:
+                choice.succeeded(picked)
+                picked = Choice(picked.embedder, "primary", "answering again")
+        try:
+            out = embed_resilient(picked.embedder, texts, self.retry, sleep=self.sleep)
+        except EmbedderError as exc:
+            alt = choice.failed(picked, exc)
+            if alt is None:
+                raise
+            self.metrics.embed_fallbacks.inc()
+            return embed_resilient(alt.embedder, texts, self.retry, sleep=self.sleep), alt.embedder
+        choice.succeeded(picked)
+        return out, picked.embedder
 
     def _observe(self, n: int, took: float, *, steady: bool) -> None:
         self.metrics.embed_seconds.observe(took)
@@ -228,6 +276,9 @@ class Embedding:
             action = self.controller.observe(n, took, queued=self.queued())
             self.metrics.batch_decisions.labels(action=action).inc()
             self.metrics.batch_target.set(self.controller.target)
+
+
+_ONE_TRY = RetryPolicy(attempts=1)
 
 
 @dataclass(slots=True)
@@ -258,23 +309,43 @@ class Committer:
         self.embedding = embedding
         self.history = history
         self.store_letters = store_letters
+        self.mirrors: list[Callable[[CommitBatch], None]] = []
+        """Called with each batch before it is committed: other index generations take it
+        first (:mod:`streamrag.runtime.generations`)."""
+        self.lock = threading.RLock()
+        """Held for a whole commit: a switch of generation happens between two commits."""
 
     def apply(self, pending: PendingBatch, capture: Callable[[], Cursor], step: int) -> Committed:
         """Commit one micro-batch; ``capture`` takes the cursor, ``step`` sizes embed calls."""
+        with self.lock:
+            return self._apply(pending, capture, step)
+
+    def _apply(self, pending: PendingBatch, capture: Callable[[], Cursor], step: int) -> Committed:
         index = self.index
         retries = self.embedding.retries
         p = plan(pending, index, history=self.history)
         vectors = np.empty((len(p.texts), index.dim), dtype=np.float32)
-        poisoned = self.embedding.fill(p.texts, p.embed, vectors, step or len(p.embed))
+        configured = self.embedding.embedder.version
+        made_by = [configured] * len(p.texts)
+        lag = self.embedding.clock.now_us() - pending.first_arrival_us if len(p.embed) else None
+        poisoned = self.embedding.fill(
+            p.texts, p.embed, vectors, step or len(p.embed), made_by=made_by, lag_us=lag
+        )
         if p.reuse:
             vectors[p.reuse] = index.vectors_at(p.reuse_rows)
+            if isinstance(index, KnowsEmbedders):
+                for slot, v in zip(p.reuse, index.embedders_at(p.reuse_rows), strict=True):
+                    made_by[slot] = v
         if p.alias:
             vectors[p.alias] = vectors[p.alias_of]
             for slot, src in zip(p.alias, p.alias_of, strict=True):
+                made_by[slot] = made_by[src]
                 if src in poisoned:
                     poisoned[slot] = poisoned[src]
         letters = _set_poison_aside(p, pending, vectors, poisoned)
         vectors = vectors[p.keep] if p.keep is not None else vectors
+        if p.keep is not None:
+            made_by = [made_by[r] for r in p.keep]
         embedded = len(p.embed) - sum(1 for s in p.embed if s in poisoned)
         delta = {
             "applied": len(pending.changes) - len(letters),
@@ -300,9 +371,12 @@ class Committer:
             texts=p.texts,
             hashes=p.hashes,
             vectors=vectors,
-            embedder_version=self.embedding.embedder.version,
+            embedder_version=configured,
+            chunk_embedders=None if all(v == configured for v in made_by) else made_by,
             cursor=cursor.to_mapping(),
         )
+        for mirror in self.mirrors:  # first: see streamrag.runtime.generations
+            mirror(batch)
         result = index.commit(batch)
         delta["stale"] += result.stale_docs
         return Committed(pending, batch, result, cursor, letters, delta)
@@ -321,6 +395,7 @@ class Committer:
             "cut_by": pending.reason,
             "first_arrival_us": pending.first_arrival_us,
             "embedder": self.embedding.embedder.version,
+            "embedder_in_use": self.embedding.choice.status()["in_use"],
         }
 
 

@@ -138,6 +138,11 @@ class Metrics:
             "Embedder calls repeated after a failure (retries and bisection).",
             registry=r,
         )
+        self.embed_fallbacks = Counter(
+            "streamrag_embed_fallbacks_total",
+            "Embed calls the fallback made because the configured embedder failed.",
+            registry=r,
+        )
         self.backpressure = Gauge(
             "streamrag_backpressure",
             "1 while the batcher is full and sources are paused, else 0.",

@@ -33,6 +33,7 @@ from typing import Any
 from streamrag.batching import MicroBatcher
 from streamrag.chunking import Splitter, TokenSplitter
 from streamrag.embed.base import Embedder
+from streamrag.embed.choice import EmbedderChoice
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.errors import StreamragError
 from streamrag.eventtime import EventTimeStage, WatermarkTracker
@@ -84,6 +85,7 @@ class Pipeline:
         commit_interval_ms: int = 0,
         history: bool = True,
         window_side_output: bool = True,
+        choice: EmbedderChoice | None = None,
     ) -> None:
         _check_dims(embedder, index)
         self.keeper = CursorKeeper(Cursor.from_mapping(cursor) if cursor else None, resume)
@@ -108,6 +110,7 @@ class Pipeline:
             sleep=sleep,
             controller=self.batcher.controller,
             queued=lambda: self.batcher.pending_chunks,
+            choice=choice,
         )
         self.committer = Committer(
             index, self.embedding, history=history, store_letters=self.letters.refused

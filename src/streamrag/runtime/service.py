@@ -1,9 +1,11 @@
 """A running streamrag job: the pipeline, its index and the query side, built from settings.
 
-:class:`Service` is what the HTTP API and the CLI talk to. It owns one
-embedder (shared by ingestion and queries), one index, the pipeline and the
-thread that runs it, and the metrics registry. ``start()`` begins ingesting,
-``stop()`` commits what is pending and stops.
+:class:`Service` is what the HTTP API and the CLI talk to. It owns the
+serving index :class:`~streamrag.runtime.generations.Generation` (an index and
+the embedder whose vectors it holds, shared by ingestion and queries), any
+other generation being built or kept for rollback (:mod:`.reindex`), the
+pipeline and the thread that runs it, and the metrics registry. ``start()``
+begins ingesting, ``stop()`` commits what is pending and stops.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,23 +21,23 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from streamrag.config import Settings
-from streamrag.embed.base import Embedder, Loadable, build_embedder, check_vectors
-from streamrag.errors import OverloadedError, StateError
-from streamrag.index.base import Closeable, Hit, SearchFilter, SupportsHealth
+from streamrag.embed.base import Embedder, Loadable, build_embedder
+from streamrag.embed.choice import EmbedderChoice
+from streamrag.errors import ConfigError, OverloadedError, StateError
+from streamrag.index.base import Closeable, Hit, SearchFilter, SupportsHealth, VectorIndex
 from streamrag.index.factory import build_index
 from streamrag.ingest import Decoder
-from streamrag.runtime.build import build_event_time, build_pipeline
+from streamrag.runtime.build import build_choice, build_event_time, build_pipeline
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
+from streamrag.runtime.generations import Book, Entry, Generation, Mirror, State, index_home
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.push import PushJournal, PushReceipt, changes_of
+from streamrag.runtime.reindex import Reindexer
 from streamrag.runtime.status import job_status
 from streamrag.sources.base import Source
-from streamrag.timing import (
-    Clock,
-    SystemClock,
-)
+from streamrag.timing import Clock, SystemClock, format_timestamp
 
 __all__ = ["Service", "build_event_time"]
 
@@ -55,11 +57,16 @@ class Service:
         self.clock = clock or SystemClock()
         # Process-wide: every matrix product (search, hashing) uses this many threads.
         threadpool_limits(limits=settings.blas_threads, user_api="blas")
-        self.embedder = embedder or build_embedder(settings.embedder.class_, settings.embedder.args)
         self.metrics = Metrics()
-        self.index = build_index(
-            settings.index, self.embedder.dim, state_dir=settings.state_dir, clock=self.clock
-        )
+        # Which index generation serves, and which others are built or kept (reindex).
+        self.book = Book.load(settings.state_dir) if settings.index.kind == "lsm" else None
+        self._given_embedder = embedder
+        self._others: dict[int, Generation] = {}
+        self._mirrors: dict[int, Mirror] = {}
+        self.on_switch: list[Callable[[Generation], None]] = []
+        """Called after the serving generation changed (the answer cache clears itself)."""
+        first = self.book.serving if self.book is not None else None
+        self.serving = self._open(1 if first is None else first.number, first)
         self.metrics.watch_index(
             self.index.health if isinstance(self.index, SupportsHealth) else None
         )
@@ -85,7 +92,11 @@ class Service:
             on_commit=[self.epochs.record],
             cursor=cursor,
             push=self.journal,
+            choice=self.serving.choice,
         )
+        self.reindexer = Reindexer(self)
+        for entry in self.book.others() if self.book is not None else []:
+            self._attach(self._open(entry.number, entry))
         self.runner = PipelineRunner(
             self.pipeline,
             poll_interval_ms=settings.source.poll_interval_ms,
@@ -108,11 +119,150 @@ class Service:
             epoch=lambda: self.index.epoch,
         )
 
+    # -- generations -------------------------------------------------------------
+
+    @property
+    def index(self) -> VectorIndex:
+        """The serving generation's index."""
+        return self.serving.index
+
+    @property
+    def embedder(self) -> Embedder:
+        """The serving generation's configured embedder."""
+        return self.serving.embedder  # type: ignore[no-any-return]
+
+    def pin(self) -> Generation:
+        """The generation a query reads: embed and search with it, both halves."""
+        return self.serving
+
+    def generation(self, number: int) -> Generation | None:
+        """Generation ``number`` if it is open (serving, building or previous)."""
+        if number == self.serving.number:
+            return self.serving
+        return self._others.get(number)
+
+    def mirror_of(self, number: int) -> Mirror | None:
+        """The mirror that copies live changes into generation ``number``."""
+        return self._mirrors.get(number)
+
+    def _open(self, number: int, entry: Entry | None) -> Generation:
+        """Open generation ``number``'s index with its embedder (and fallbacks)."""
+        settings = self.settings
+        if entry is None or entry.embedder is None:
+            primary = self._given_embedder or build_embedder(
+                settings.embedder.class_, settings.embedder.args
+            )
+            choice = build_choice(settings, primary, self.clock)
+        else:
+            spec = entry.embedder
+            primary = build_embedder(str(spec["class"]), spec.get("args") or {})
+            choice = EmbedderChoice(primary, clock=self.clock)
+        index = build_index(
+            settings.index,
+            primary.dim,
+            state_dir=index_home(settings.state_dir, number),
+            clock=self.clock,
+        )
+        return Generation(number, index, choice)
+
+    def _attach(self, gen: Generation) -> None:
+        """Copy every live change into ``gen`` from now on (before each commit)."""
+        self._others[gen.number] = gen
+        mirror = Mirror(
+            gen,
+            source_cursor=lambda: self.serving.index.cursor,
+            retry=self.pipeline.embedding.retry,
+        )
+        self._mirrors[gen.number] = mirror
+        self.pipeline.committer.mirrors.append(mirror)
+
+    def detach(self, number: int) -> None:
+        """Stop copying changes into generation ``number`` and close its index."""
+        committer = self.pipeline.committer
+        with committer.lock:
+            mirror = self._mirrors.pop(number, None)
+            if mirror is not None:
+                committer.mirrors.remove(mirror)
+            gen = self._others.pop(number, None)
+        if gen is not None and isinstance(gen.index, Closeable):
+            gen.index.close()
+
+    def book_for_write(self) -> Book:
+        """The book of generations, made (with generation 1 serving) if there was none."""
+        if self.settings.index.kind != "lsm" or not self.settings.index.persist:
+            msg = (
+                "index generations need the persistent LSM index (index.kind: lsm, "
+                "index.persist: true); rebuild with the new embedder instead"
+            )
+            raise ConfigError(msg)
+        if self.book is None:
+            emb = self.embedder
+            self.book = Book([Entry(1, "serving", None, self.clock.now_us(), emb.version)])
+            self.book.save(self.settings.state_dir)
+        return self.book
+
+    def open_generation(self, number: int, spec: dict[str, Any], *, state: State) -> Generation:
+        """Add generation ``number`` for embedder ``spec`` to the book and mirror into it."""
+        book = self.book_for_write()
+        spec = {"class": str(spec["class"]), "args": dict(spec.get("args") or {})}
+        entry = Entry(number, state, spec, self.clock.now_us())
+        gen = self._open(number, entry)
+        if isinstance(gen.embedder, Loadable):
+            gen.embedder.load()
+        entry.version = gen.embedder.version
+        with self.pipeline.committer.lock:  # from the next commit on, it gets every change
+            book.entries.append(entry)
+            book.save(self.settings.state_dir)
+            self._attach(gen)
+        return gen
+
+    def switch_to(self, number: int) -> None:
+        """Serve generation ``number`` from the next commit on (see :mod:`.reindex`)."""
+        book = self.book_for_write()
+        committer = self.pipeline.committer
+        with committer.lock:  # between two commits
+            new = self._others.get(number)
+            if new is None:
+                msg = f"generation {number} is not open here; it cannot serve"
+                raise StateError(msg)
+            old = self.serving
+            mirror = self._mirrors.pop(number)
+            committer.mirrors.remove(mirror)
+            del self._others[number]
+            book.get(old.number).state = "previous"
+            book.get(number).state = "serving"
+            book.switches.append(
+                {
+                    "at": format_timestamp(self.clock.now_us()),
+                    "from": old.number,
+                    "to": number,
+                    "epochs": {str(old.number): old.index.epoch, str(number): new.index.epoch},
+                }
+            )
+            book.save(self.settings.state_dir)  # the switch: one atomic file write
+            self.serving = new
+            pipeline = self.pipeline
+            pipeline.index = committer.index = new.index
+            pipeline.embedder = new.embedder
+            pipeline.embedding.choice = new.choice
+            self._attach(old)
+        for hook in self.on_switch:
+            hook(new)
+
+    # -- running -------------------------------------------------------------------
+
     def start(self) -> None:
-        """Load the embedder and start ingesting in the background."""
-        if isinstance(self.embedder, Loadable):
-            self.embedder.load()
+        """Load the embedders, check their vector space, and start ingesting in the background."""
+        choice = self.serving.choice
+        for emb in choice.embedders() + [g.embedder for g in self._others.values()]:
+            if isinstance(emb, Loadable):
+                emb.load()
+        choice.verify()
         self.runner.start()
+        if self.book is not None:
+            for entry in self.book.others():
+                if entry.state == "building":
+                    self.reindexer.resume(self._others[entry.number])
 
     def stop(self) -> None:
         """Stop ingesting, commit what is pending (within ``stop_timeout_s``), close the index.
@@ -120,9 +270,11 @@ class Service:
         Closing the index writes a final checkpoint when it persists; changes not
         embedded in time are read again on restart.
         """
+        self.reindexer.close()
         self.runner.stop(self.settings.stop_timeout_s)
-        if isinstance(self.index, Closeable):
-            self.index.close()
+        for gen in [self.serving, *self._others.values()]:
+            if isinstance(gen.index, Closeable):
+                gen.index.close()
 
     # -- pushing changes ---------------------------------------------------------
 
@@ -216,16 +368,17 @@ class Service:
     ) -> tuple[int, list[list[Hit]], npt.NDArray[np.float32]]:
         """:meth:`retrieve_many`, also returning the query vectors (one unit row per query)."""
         started = time.perf_counter()
-        vectors = self.embed_many(queries)
-        epoch, hits = self.search_many(vectors, k, flt)
+        gen = self.pin()
+        vectors = gen.embed_many(queries)
+        epoch, hits = gen.search_many(vectors, k, flt)
         self.observe_query(time.perf_counter() - started, len(queries))
         return epoch, hits, vectors
 
     def search_many(
         self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
     ) -> tuple[int, list[list[Hit]]]:
-        """The top ``k`` of each query vector in one pinned epoch of the index."""
-        return self.index.search_many(vectors, k, flt)
+        """The top ``k`` of each query vector in one pinned epoch of the serving index."""
+        return self.serving.search_many(vectors, k, flt)
 
     def observe_query(self, seconds: float, queries: int) -> None:
         """Record one batch of ``queries`` answered in ``seconds`` in the metrics."""
@@ -233,10 +386,8 @@ class Service:
         self.metrics.query_batch.observe(queries)
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Texts as unit vectors from the job's embedder, checked (``/v1/embeddings``)."""
-        return check_vectors(
-            self.embedder.embed_many(list(texts)), len(texts), self.embedder.dim, "embedder"
-        )
+        """Texts as unit vectors from the serving generation's embedder, checked."""
+        return self.serving.embed_many(texts)
 
     def status(self) -> dict[str, Any]:
         """Epoch, watermark, counts, lag and freshness, as ``GET /v1/status`` returns them."""

@@ -77,6 +77,8 @@ def job_status(service: Service) -> dict[str, Any]:
         },
         "freshness": _freshness(st, now),
         "embedder": service.embedder.version,
+        "embedding": p.embedding.choice.status(),
+        "generations": service.reindexer.status(),
         "dead_letter_path": str(settings.dead_letter_path),
         "pipeline": {
             "running": service.runner.running,
