@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "runtime": 6,
     "serve": 7,
     "testing": 8,
+    "integrations": 8,
     "cli": 8,
     "__main__": 9,
     "__init__": 9,

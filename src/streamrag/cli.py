@@ -461,6 +461,43 @@ def rollback(
     out.print_json(json.dumps(_http("POST", f"{url}/v1/admin/rollback", {"epoch": epoch})))
 
 
+@app.command()
+def reindex(
+    action: Annotated[
+        str, typer.Argument(help="start (needs --embedder), status, switch, rollback or drop.")
+    ] = "status",
+    embedder: Annotated[str | None, typer.Option(help="The new embedder's name or path.")] = None,
+    args: Annotated[str | None, typer.Option(help="Its keyword arguments (JSON).")] = None,
+    switch: Annotated[bool, typer.Option(help="Serve it as soon as it is filled.")] = True,
+    generation: Annotated[int | None, typer.Option(help="The generation to act on.")] = None,
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Change the embedding model of a running job: a new index generation, built live (admin).
+
+    The old generation serves and takes every change until the switch; rollback
+    serves it again, drop deletes it. Example:
+    streamrag reindex start --embedder minilm-onnx --args '{"precision": "int8"}'
+    """
+    routes = {"switch": "switch", "rollback": "rollback", "drop": "drop"}
+    if action == "start" and embedder is not None:
+        try:
+            kwargs = json.loads(args) if args else {}
+        except json.JSONDecodeError as exc:
+            console.print(f"[red]error:[/] --args must be a JSON object: {exc}")
+            raise typer.Exit(2) from None
+        body = {"class": embedder, "args": kwargs, "switch": switch}
+        data = _http("POST", f"{url}/v1/admin/reindex", body)
+    elif action in routes:
+        path = f"{url}/v1/admin/generations/{routes[action]}"
+        data = _http("POST", path, {"generation": generation})
+    elif action == "status":
+        data = _http("GET", f"{url}/v1/admin/generations", None)
+    else:
+        console.print("[red]error:[/] give start --embedder NAME, status, switch, rollback or drop")
+        raise typer.Exit(2)
+    out.print_json(json.dumps(data))
+
+
 deadletter_app = typer.Typer(
     help="Records streamrag refused: list them, show one, re-inject them once fixed.",
     no_args_is_help=True,

@@ -184,7 +184,8 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
     import time
 
     calls: list[int] = []
-    original = service.embed_many
+    gen = service.pin()  # a batch embeds with the generation it pins
+    original = gen.embed_many
 
     def spy(queries):  # type: ignore[no-untyped-def]
         if not calls:
@@ -196,7 +197,7 @@ def test_concurrent_queries_are_answered_in_batches(service: Service) -> None:
         calls.append(len(queries))
         return original(queries)
 
-    service.embed_many = spy  # type: ignore[method-assign]
+    gen.embed_many = spy  # type: ignore[method-assign]
     app = create_app(service, manage_service=False)
 
     got = _top_docs_concurrently(app, ["database password"] * 20 + ["parental leave"] * 5)

@@ -17,7 +17,8 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
     gate = threading.Event()
     released = threading.Event()
     calls: list[tuple[int, bool]] = []
-    original = svc.embed_many
+    gen = svc.pin()  # a batch embeds with the generation it pins
+    original = gen.embed_many
 
     def spy(queries):  # type: ignore[no-untyped-def]
         calls.append((len(queries), released.is_set()))
@@ -25,7 +26,7 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
             gate.wait(10)
         return original(queries)
 
-    svc.embed_many = spy  # type: ignore[method-assign]
+    gen.embed_many = spy  # type: ignore[method-assign]
     batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
     flt = SearchFilter(tenant="acme")
 

@@ -142,6 +142,7 @@ class _RemoteEmbedder:
         max_backoff_s: float,
         version: str | None,
         sleep: Callable[[float], None],
+        space: str | None = None,
     ) -> None:
         for name, value in (
             ("batch_size", batch_size),
@@ -171,6 +172,7 @@ class _RemoteEmbedder:
         self.api_key_env = api_key_env
         self._dim = dim
         self._version = version
+        self._space = space
         self._sleep = sleep
         headers = {"Accept": "application/json"}
         if api_key_env:
@@ -230,6 +232,15 @@ class _RemoteEmbedder:
         if self._version is not None:
             return self._version
         return f"{self._protocol}:{self._model_name()}:d{self.dim}"
+
+    @property
+    def space(self) -> str:
+        """The vector space (the model) as given, else :attr:`version`.
+
+        Name the model when a local embedder of the same model is the fallback
+        (``space: all-MiniLM-L6-v2``): see :mod:`streamrag.embed.choice`.
+        """
+        return self._space or self.version
 
     def load(self) -> None:
         """Ask the server for the dimension now (one call) if it was not given."""
@@ -384,6 +395,7 @@ class OpenAIEmbedder(_RemoteEmbedder):
         backoff_s: float = 0.5,
         max_backoff_s: float = 30,
         version: str | None = None,
+        space: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not model:
@@ -401,6 +413,7 @@ class OpenAIEmbedder(_RemoteEmbedder):
             backoff_s=backoff_s,
             max_backoff_s=max_backoff_s,
             version=version,
+            space=space,
             sleep=sleep,
         )
 
@@ -456,6 +469,7 @@ class TEIEmbedder(_RemoteEmbedder):
         backoff_s: float = 0.5,
         max_backoff_s: float = 30,
         version: str | None = None,
+        space: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.model = model
@@ -470,6 +484,7 @@ class TEIEmbedder(_RemoteEmbedder):
             backoff_s=backoff_s,
             max_backoff_s=max_backoff_s,
             version=version,
+            space=space,
             sleep=sleep,
         )
 

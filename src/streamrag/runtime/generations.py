@@ -40,7 +40,7 @@ import hashlib
 import json
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -138,6 +138,7 @@ class Book:
             "switches": self.switches,
         }
         data = json.dumps({"body": body, "sha256": _digest(body)}, indent=1)
+
         def write(tmp: str) -> None:
             Path(tmp).write_text(data)
 
@@ -252,18 +253,7 @@ class Mirror:
             cursor = batch.cursor
             if not self._full_cursor_sent:  # the first commit carries the whole position
                 cursor = merge_cursor(self.source_cursor(), batch.cursor)
-            target.index.commit(
-                CommitBatch(
-                    docs=copied.docs,
-                    chunk_ids=copied.chunk_ids,
-                    positions=copied.positions,
-                    texts=copied.texts,
-                    hashes=copied.hashes,
-                    vectors=copied.vectors,
-                    embedder_version=target.embedder.version,
-                    cursor=cursor,
-                )
-            )
+            target.index.commit(copied.batch(target.embedder.version, cursor))
             self._full_cursor_sent = True
             self.commits += 1
 
@@ -279,6 +269,38 @@ class Copied:
     hashes: list[bytes]
     vectors: npt.NDArray[np.float32]
 
+    def only(self, keep: Callable[[DocOp], bool]) -> Copied:
+        """The documents ``keep`` accepts, with their chunks."""
+        docs: list[DocOp] = []
+        rows: list[int] = []
+        for d in self.docs:
+            if not keep(d):
+                continue
+            docs.append(_moved(d, len(rows)))
+            if d.op == Op.UPSERT:
+                rows.extend(range(d.first_chunk, d.first_chunk + d.n_chunks))
+        return Copied(
+            docs,
+            self.chunk_ids[rows],
+            self.positions[rows],
+            [self.texts[r] for r in rows],
+            [self.hashes[r] for r in rows],
+            self.vectors[rows],
+        )
+
+    def batch(self, version: str, cursor: Mapping[str, Any] | None = None) -> CommitBatch:
+        """The commit of these documents into a generation whose embedder is ``version``."""
+        return CommitBatch(
+            docs=self.docs,
+            chunk_ids=self.chunk_ids,
+            positions=self.positions,
+            texts=self.texts,
+            hashes=self.hashes,
+            vectors=self.vectors,
+            embedder_version=version,
+            cursor=cursor,
+        )
+
 
 def copy_docs(
     target: Generation,
@@ -289,32 +311,19 @@ def copy_docs(
     hashes: Sequence[bytes],
     retry: RetryPolicy,
     refused: dict[str, str],
+    *,
+    reuse_held: bool = True,
 ) -> Copied:
     """Re-embed ``docs``' chunks (rows of the given columns) for ``target``.
 
-    Unchanged chunks take the vector the target holds for the same text; a
+    Unchanged chunks take the vector the target holds for the same text (with
+    ``reuse_held``: only while the caller holds the target's lock); a
     document with a chunk the target's embedder refuses is left out and noted
     in ``refused``. Raises :class:`~streamrag.errors.EmbedderError` when the
     target's embedder fails for every text (the caller retries later).
     """
     index = target.index
-    out_docs: list[DocOp] = []
-    rows: list[int] = []
-    reuse: dict[int, int] = {}
-    for d in docs:
-        if d.op == Op.DELETE:
-            out_docs.append(d)
-            continue
-        state = index.doc_state(d.tenant, d.doc_id)
-        held = {}
-        if state is not None and not state.deleted:
-            held = dict(zip(state.hashes, state.rows, strict=True))
-        first = len(rows)
-        for r in range(d.first_chunk, d.first_chunk + d.n_chunks):
-            if hashes[r] in held:
-                reuse[len(rows)] = held[hashes[r]]
-            rows.append(r)
-        out_docs.append(_moved(d, first))
+    out_docs, rows, reuse = _layout(index, docs, hashes, reuse_held=reuse_held)
     vectors = np.zeros((len(rows), index.dim), dtype=np.float32)
     if reuse:
         slots = list(reuse)
@@ -330,18 +339,8 @@ def copy_docs(
             if owner is not None:
                 refused[f"{owner.tenant}/{owner.doc_id}"] = reason
     if bad:
-        kept_docs: list[DocOp] = []
-        keep: list[int] = []
-        for d in out_docs:
-            span = range(d.first_chunk, d.first_chunk + d.n_chunks) if d.op == Op.UPSERT else ()
-            if any(s in bad for s in span):
-                continue
-            if d.op == Op.UPSERT:
-                kept_docs.append(_moved(d, len(keep)))
-                keep.extend(span)
-            else:
-                kept_docs.append(d)
-        out_docs, vectors, rows = kept_docs, vectors[keep], [rows[s] for s in keep]
+        out_docs, keep = _without(out_docs, bad)
+        vectors, rows = vectors[keep], [rows[s] for s in keep]
     return Copied(
         docs=out_docs,
         chunk_ids=np.asarray([chunk_ids[r] for r in rows], dtype=np.int64),
@@ -350,6 +349,43 @@ def copy_docs(
         hashes=[hashes[r] for r in rows],
         vectors=vectors,
     )
+
+
+def _layout(
+    index: VectorIndex, docs: Sequence[DocOp], hashes: Sequence[bytes], *, reuse_held: bool
+) -> tuple[list[DocOp], list[int], dict[int, int]]:
+    """Documents renumbered, the rows their chunks come from, and the slots the target holds."""
+    out_docs: list[DocOp] = []
+    rows: list[int] = []
+    reuse: dict[int, int] = {}
+    for d in docs:
+        if d.op == Op.DELETE:
+            out_docs.append(d)
+            continue
+        state = index.doc_state(d.tenant, d.doc_id) if reuse_held else None
+        held = {}
+        if state is not None and not state.deleted:
+            held = dict(zip(state.hashes, state.rows, strict=True))
+        first = len(rows)
+        for r in range(d.first_chunk, d.first_chunk + d.n_chunks):
+            if hashes[r] in held:
+                reuse[len(rows)] = held[hashes[r]]
+            rows.append(r)
+        out_docs.append(_moved(d, first))
+    return out_docs, rows, reuse
+
+
+def _without(docs: list[DocOp], bad: set[int]) -> tuple[list[DocOp], list[int]]:
+    """The documents none of whose chunks is in ``bad``, and the chunk slots they keep."""
+    kept: list[DocOp] = []
+    keep: list[int] = []
+    for d in docs:
+        span = range(d.first_chunk, d.first_chunk + d.n_chunks) if d.op == Op.UPSERT else ()
+        if any(s in bad for s in span):
+            continue
+        kept.append(_moved(d, len(keep)) if d.op == Op.UPSERT else d)
+        keep.extend(span)
+    return kept, keep
 
 
 def _moved(d: DocOp, first: int) -> DocOp:

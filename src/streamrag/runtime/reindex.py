@@ -45,7 +45,7 @@ from streamrag.changes import Op
 from streamrag.chunking import content_hash
 from streamrag.embed.resilient import RetryPolicy
 from streamrag.errors import StateError
-from streamrag.index.base import CommitBatch, DocOp, Hit
+from streamrag.index.base import DocOp, Hit
 from streamrag.index.versions import is_newer
 from streamrag.runtime.generations import Generation, copy_docs
 from streamrag.timing import US_PER_S, Clock, format_timestamp
@@ -183,24 +183,14 @@ class Backfill:
                 ids.append(c.chunk_id)
                 hashes.append(content_hash(c.text))
         target = self.target
-        with target.lock:
-            wanted = [
-                d for d in ops if target.index.wants(d.tenant, d.doc_id, d.event_time, d.offset)
-            ]
-            copied = copy_docs(
-                target, wanted, texts, positions, ids, hashes, self.retry, self.refused
-            )
-            target.index.commit(
-                CommitBatch(
-                    docs=copied.docs,
-                    chunk_ids=copied.chunk_ids,
-                    positions=copied.positions,
-                    texts=copied.texts,
-                    hashes=copied.hashes,
-                    vectors=copied.vectors,
-                    embedder_version=target.embedder.version,
-                )
-            )
+        # Embedded without the target's lock: live commits mirror into it meanwhile.
+        copied = copy_docs(
+            target, ops, texts, positions, ids, hashes, self.retry, self.refused, reuse_held=False
+        )
+        with target.lock:  # what the mirror committed meanwhile is not written again
+            index = target.index
+            copied = copied.only(lambda d: index.wants(d.tenant, d.doc_id, d.event_time, d.offset))
+            index.commit(copied.batch(target.embedder.version))
         self.progress.docs_done += len(docs)
         self.progress.chunks_done += len(copied.texts)
 

@@ -30,7 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from streamrag.errors import IndexStoreError, OverloadedError, StreamragError
+from streamrag.errors import IndexStoreError, OverloadedError, StateError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.index.base import SupportsRollback
 from streamrag.runtime.service import Service
@@ -45,7 +45,9 @@ from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json,
 from streamrag.serve.safety import AuditLog
 from streamrag.serve.schemas import (
     AnswerRequest,
+    GenerationRequest,
     PushRequest,
+    ReindexRequest,
     RetrieveRequest,
     RetrieveResponse,
     RollbackRequest,
@@ -76,6 +78,9 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)
+        if answerer.cache is not None:  # cached vectors belong to the model that made them
+            cache = answerer.cache
+            service.on_switch.append(lambda _gen: cache.clear())
         try:
             yield
         finally:
@@ -243,6 +248,36 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         if cache is not None:
             cache.clear()  # answers read before the rollback may cite what it undid
         return JSONResponse({"epoch": epoch, "restored_from": body.epoch, "changed": True})
+
+    @app.post("/v1/admin/reindex")
+    async def reindex(body: ReindexRequest) -> Response:
+        """Build an index generation for another embedder while this one serves (see reindex)."""
+        spec = {"class": body.embedder, "args": body.args}
+        status = await run_in_threadpool(lambda: service.reindexer.start(spec, switch=body.switch))
+        return JSONResponse(status, status_code=202)
+
+    @app.get("/v1/admin/generations")
+    async def generations() -> Response:
+        """The index generations, which one serves, and a migration's progress."""
+        return JSONResponse(service.reindexer.status())
+
+    @app.post("/v1/admin/generations/switch")
+    async def switch(body: GenerationRequest) -> Response:
+        """Serve a generation from the next epoch on (the one built, by default)."""
+        return JSONResponse(await run_in_threadpool(service.reindexer.switch, body.generation))
+
+    @app.post("/v1/admin/generations/rollback")
+    async def rollback_generation() -> Response:
+        """Serve the previous generation again."""
+        return JSONResponse(await run_in_threadpool(service.reindexer.rollback))
+
+    @app.post("/v1/admin/generations/drop")
+    async def drop_generation(body: GenerationRequest) -> Response:
+        """Delete a previous or building generation."""
+        if body.generation is None:
+            msg = 'give the generation to drop: {"generation": N}'
+            raise StateError(msg)
+        return JSONResponse(await run_in_threadpool(service.reindexer.drop, body.generation))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -40,12 +40,34 @@ from streamrag.index.base import Hit, SearchFilter
 __all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
 
 
-class Retrieval(Protocol):
-    """What answering queries takes: embed them, search one epoch, record the time taken.
+class Reader(Protocol):
+    """One index generation: embed queries with its model, search its index."""
 
-    :class:`~streamrag.runtime.service.Service` is one; a test can pass anything
-    with these three methods.
+    number: int
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Queries as unit vectors, one row each."""
+        ...
+
+    def search_many(
+        self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
+    ) -> tuple[int, list[list[Hit]]]:
+        """The top ``k`` of each query vector in one pinned epoch: ``(epoch, hits)``."""
+        ...
+
+
+class Retrieval(Protocol):
+    """What answering queries takes: pin a generation, embed, search, record the time.
+
+    :class:`~streamrag.runtime.service.Service` is one. A batch pins one
+    generation (:meth:`pin`) for both its embedding and its search, so a
+    switch of embedding model in between cannot pair a query vector with
+    another model's index.
     """
+
+    def pin(self) -> Reader:
+        """The generation this batch reads."""
+        ...
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Queries as unit vectors, one row each."""
@@ -63,8 +85,8 @@ class Retrieval(Protocol):
 
 
 _HOLD_POLL_S = 0.001
-Retrieved = tuple[int, list[Hit], npt.NDArray[np.float32]]
-"""One query's answer: the epoch read, its hits, and the query's unit vector."""
+Retrieved = tuple[int, list[Hit], npt.NDArray[np.float32], int]
+"""One query's answer: the epoch read, its hits, the query's unit vector, the generation."""
 
 
 @dataclass(slots=True)
@@ -104,11 +126,18 @@ class QueryBatcher:
 
     async def retrieve(self, query: str, k: int, flt: SearchFilter) -> tuple[int, list[Hit]]:
         """Top-``k`` hits for one query, answered as part of a batch."""
-        epoch, hits, _ = await self.retrieve_with_vector(query, k, flt)
+        epoch, hits, _, _ = await self.retrieve_read(query, k, flt)
         return epoch, hits
 
-    async def retrieve_with_vector(self, query: str, k: int, flt: SearchFilter) -> Retrieved:
+    async def retrieve_with_vector(
+        self, query: str, k: int, flt: SearchFilter
+    ) -> tuple[int, list[Hit], npt.NDArray[np.float32]]:
         """:meth:`retrieve`, also returning the query's vector (for the semantic cache)."""
+        epoch, hits, vector, _ = await self.retrieve_read(query, k, flt)
+        return epoch, hits, vector
+
+    async def retrieve_read(self, query: str, k: int, flt: SearchFilter) -> Retrieved:
+        """Epoch, hits, the query's vector and the index generation that answered."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Retrieved] = loop.create_future()
         self._queue.put(_Request(query, k, flt, loop, fut))
@@ -168,8 +197,9 @@ class QueryBatcher:
     def _answer(self, batch: list[_Request]) -> None:
         retrieval = self.retrieval
         started = time.perf_counter()
+        reader = retrieval.pin()
         try:
-            vectors = retrieval.embed_many([r.query for r in batch])
+            vectors = reader.embed_many([r.query for r in batch])
         except Exception as exc:  # delivered to each waiting request
             for r in batch:
                 r.loop.call_soon_threadsafe(_fail, r.future, exc)
@@ -179,14 +209,15 @@ class QueryBatcher:
             groups[(req.k, req.flt)].append(i)
         for (k, flt), rows in groups.items():
             try:
-                epoch, hits = retrieval.search_many(vectors[rows], k, flt)
+                epoch, hits = reader.search_many(vectors[rows], k, flt)
             except Exception as exc:  # an epoch or as_of outside history, for this group
                 for i in rows:
                     batch[i].loop.call_soon_threadsafe(_fail, batch[i].future, exc)
                 continue
             for i, h in zip(rows, hits, strict=True):
                 r = batch[i]
-                r.loop.call_soon_threadsafe(_resolve, r.future, (epoch, h, vectors[i]))
+                value = (epoch, h, vectors[i], reader.number)
+                r.loop.call_soon_threadsafe(_resolve, r.future, value)
         retrieval.observe_query(time.perf_counter() - started, len(batch))
 
 

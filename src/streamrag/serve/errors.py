@@ -24,10 +24,12 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from streamrag.errors import (
+    ConfigError,
     GeneratorError,
     IndexStoreError,
     OverloadedError,
     QueryError,
+    StateError,
     StreamragError,
     UnknownNameError,
 )
@@ -50,6 +52,8 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (OverloadedError, 429),
     (QueryError, 400),
     (IndexStoreError, 400),
+    (StateError, 409),
+    (ConfigError, 400),
     (GeneratorError, 502),
     (StreamragError, 500),
 )

@@ -42,11 +42,12 @@ async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, b
         check_k(req.k, max_k)
         flt = search_filter(req)
         # A QueryError here is found at search time: an epoch or as_of outside history.
-        epoch, hits = await batcher.retrieve(req.query, req.k, flt)
+        epoch, hits, _, generation = await batcher.retrieve_read(req.query, req.k, flt)
     except (ValidationError, QueryError) as exc:
         return error_response(exc)
     payload = {
         "epoch": epoch,
+        "generation": generation,
         "took_ms": round((time.perf_counter() - started) * 1000, 3),
         "results": [_chunk(h) for h in hits],
     }

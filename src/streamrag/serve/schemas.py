@@ -245,6 +245,9 @@ class RetrieveResponse(_Model):
     """The chunks found, read from one committed epoch."""
 
     epoch: int = Field(..., description="The index epoch every result was read from.")
+    generation: int = Field(
+        1, description="The index generation (embedding model) every result was read from."
+    )
     took_ms: float
     results: list[RetrievedChunk]
 
@@ -253,6 +256,24 @@ class RollbackRequest(_Model):
     """``POST /v1/admin/rollback``: make an earlier epoch's documents current again."""
 
     epoch: int = Field(..., ge=0, description="The epoch to restore.", examples=[20])
+
+
+class ReindexRequest(_Model):
+    """``POST /v1/admin/reindex``: build a generation for another embedding model."""
+
+    embedder: str = Field(
+        ..., alias="class", description="The new embedder: a registered name or an import path."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Its keyword arguments.")
+    switch: bool = Field(True, description="Serve the new generation as soon as it is filled.")
+
+
+class GenerationRequest(_Model):
+    """``POST /v1/admin/generations/switch`` or ``.../drop``: act on one generation."""
+
+    generation: int | None = Field(
+        None, ge=1, description="Its number (switch: the one being built, by default)."
+    )
 
 
 class PushRequest(_Model):
