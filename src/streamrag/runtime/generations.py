@@ -87,6 +87,8 @@ class Entry:
     created_us: int
     version: str = ""
     """The embedder's version when the generation was made (shown in status)."""
+    switch_when_built: bool = True
+    """Serve it as soon as its backfill is done (kept across restarts)."""
 
     def to_json(self) -> dict[str, Any]:
         """The entry as the book stores it."""
@@ -96,6 +98,7 @@ class Entry:
             "embedder": self.embedder,
             "created_us": self.created_us,
             "version": self.version,
+            "switch_when_built": self.switch_when_built,
         }
 
 

@@ -35,7 +35,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -241,14 +240,15 @@ class Reindexer:
                 svc.detach(old.number)
                 book.drop(old.number, svc.settings.state_dir)
             number = book.next_number()
-            gen = svc.open_generation(number, embedder, state="building")
+            gen = svc.open_generation(number, embedder, state="building", switch=switch)
             self.auto_switch = switch
             self._begin_backfill(gen)
             return self.status()
 
-    def resume(self, gen: Generation) -> None:
+    def resume(self, gen: Generation, *, switch: bool = True) -> None:
         """After a restart: build a generation the book says is still building."""
         with self._lock:
+            self.auto_switch = switch
             self._begin_backfill(gen)
 
     def _begin_backfill(self, gen: Generation) -> None:
@@ -369,10 +369,3 @@ class Reindexer:
                 "switch_when_done": self.auto_switch,
             }
         return out
-
-    def wait_until_switched(self, timeout_s: float) -> bool:
-        """Block until no generation is being built (for the CLI and tests)."""
-        deadline = time.monotonic() + timeout_s
-        while self.building is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return self.building is None

@@ -201,11 +201,13 @@ class Service:
             self.book.save(self.settings.state_dir)
         return self.book
 
-    def open_generation(self, number: int, spec: dict[str, Any], *, state: State) -> Generation:
+    def open_generation(
+        self, number: int, spec: dict[str, Any], *, state: State, switch: bool = True
+    ) -> Generation:
         """Add generation ``number`` for embedder ``spec`` to the book and mirror into it."""
         book = self.book_for_write()
         spec = {"class": str(spec["class"]), "args": dict(spec.get("args") or {})}
-        entry = Entry(number, state, spec, self.clock.now_us())
+        entry = Entry(number, state, spec, self.clock.now_us(), switch_when_built=switch)
         gen = self._open(number, entry)
         if isinstance(gen.embedder, Loadable):
             gen.embedder.load()
@@ -262,7 +264,8 @@ class Service:
         if self.book is not None:
             for entry in self.book.others():
                 if entry.state == "building":
-                    self.reindexer.resume(self._others[entry.number])
+                    gen = self._others[entry.number]
+                    self.reindexer.resume(gen, switch=entry.switch_when_built)
 
     def stop(self) -> None:
         """Stop ingesting, commit what is pending (within ``stop_timeout_s``), close the index.
