@@ -1,4 +1,4 @@
-"""Rewrite the README's configuration reference from streamrag.config (run after changing Settings)."""
+"""Rewrite the configuration reference in docs/configuration.md from streamrag.config (run after changing Settings)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from streamrag.config import reference_markdown
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
 text = README.read_text(encoding="utf-8")
 new = re.sub(
