@@ -27,14 +27,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from streamrag.config import Settings, load_settings, parse_value
+from streamrag.cli.common import (
+    DEFAULT_URL,
+    HostOption,
+    PortOption,
+    SetOption,
+    UrlOption,
+    console,
+    out,
+)
+from streamrag.cli.common import guard as _guard
+from streamrag.cli.common import http as _http
+from streamrag.cli.common import settings_from as _settings
+from streamrag.cli.deadletter import deadletter_app
+from streamrag.config import Settings, load_settings
+from streamrag.embed.installed import installed_embedder
 from streamrag.errors import StreamragError
 
 __all__ = ["app", "main"]
@@ -45,35 +57,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console(stderr=True)
-out = Console()
-
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-SetOption = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a setting: --set batcher.max_delay_ms=50 (repeatable)."),
-]
-HostOption = Annotated[str | None, typer.Option(help="Address to serve on (serve.host).")]
-PortOption = Annotated[int | None, typer.Option(help="Port to serve on (serve.port).")]
-UrlOption = Annotated[str, typer.Option("--url", help="Where a streamrag server listens.")]
-
-
-def _settings(
-    config: Path | None, sets: list[str] | None, host: str | None, port: int | None
-) -> Settings:
-    overrides: dict[str, Any] = {}
-    for item in sets or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            msg = f"--set {item!r}: expected KEY=VALUE, such as --set batcher.max_delay_ms=50"
-            raise typer.BadParameter(msg)
-        overrides[key.strip()] = parse_value(value)
-    if host is not None:
-        overrides["serve.host"] = host
-    if port is not None:
-        overrides["serve.port"] = port
-    return load_settings(config, overrides=overrides, environ=os.environ)
+app.add_typer(deadletter_app, name="deadletter")
 
 
 def _live(settings: Settings, *, banner: bool) -> None:
@@ -210,7 +194,9 @@ def demo(
     workdir: Annotated[Path, typer.Option(help="Where the demo keeps its input and state.")] = Path(
         ".streamrag-demo"
     ),
-    embedder: Annotated[str, typer.Option(help="'minilm' (default) or 'hashing'.")] = "minilm",
+    embedder: Annotated[
+        str, typer.Option(help="'auto' (the best installed), 'minilm-onnx', 'minilm', 'hashing'.")
+    ] = "auto",
     reset: Annotated[
         bool, typer.Option(help="Start again from the bundled corpus, with an empty index.")
     ] = False,
@@ -243,10 +229,16 @@ def demo(
     if reset or not corpus.exists():
         with resources.as_file(resources.files("streamrag") / "data" / "sample_changes.jsonl") as f:
             shutil.copyfile(f, corpus)
+    args: dict[str, Any] = {}
+    if embedder == "auto":
+        embedder, args, note = installed_embedder()
+        if note:
+            console.print(f"[yellow]note:[/] {note}")
     overrides: dict[str, Any] = {
         "source.path": str(corpus),
         "state_dir": str(workdir / "state"),
         "embedder.class": embedder,
+        "embedder.args": args,
         # The corpus spans 2023–2024: keep all of it for as_of and epoch reads.
         "index.retention_s": DEMO_RETENTION_S,
     }
@@ -498,195 +490,12 @@ def reindex(
     out.print_json(json.dumps(data))
 
 
-deadletter_app = typer.Typer(
-    help="Records streamrag refused: list them, show one, re-inject them once fixed.",
-    no_args_is_help=True,
-)
-app.add_typer(deadletter_app, name="deadletter")
-
-ConfigOption = Annotated[Path | None, typer.Option(help="YAML config file (optional).")]
-
-
-def _store(config: Path | None, sets: list[str] | None) -> tuple[Settings, Any]:
-    from streamrag.ingest import DeadLetterStore
-
-    settings = _settings(config, sets, None, None)
-    path = settings.dead_letter_path
-    if not path.exists():
-        msg = (
-            f"no dead-letter store at {path}; nothing has been refused yet, or the job "
-            "keeps its state elsewhere (pass the same --config / --set state_dir=... as the job)"
-        )
-        raise StreamragError(msg)
-    return settings, DeadLetterStore(path)
-
-
-@deadletter_app.command("list")
-def deadletter_list(
-    config: ConfigOption = None,
-    sets: SetOption = None,
-    stage: Annotated[str | None, typer.Option(help="Only records refused by this stage.")] = None,
-    limit: Annotated[int, typer.Option(help="Show at most this many (newest last).")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-) -> None:
-    """List refused records: id, stage, source and offset, and why.
-
-    Example: streamrag deadletter list --stage decode --set state_dir=.streamrag
-    """
-
-    def go() -> None:
-        _, store = _store(config, sets)
-        rows = [e for e in store.entries() if stage is None or e.letter.stage == stage]
-        shown = rows[-limit:] if limit > 0 else rows
-        if as_json:
-            for e in shown:
-                out.print_json(json.dumps(_letter_json(e)))
-            return
-        table = Table(title=f"{len(rows)} dead letters in {store.path}")
-        for col in ("id", "stage", "source", "offset", "reason", "replayed"):
-            table.add_column(col)
-        for e in shown:
-            le = e.letter
-            table.add_row(
-                str(e.id),
-                le.stage,
-                Path(le.source).name,
-                str(le.offset),
-                le.reason[:80],
-                "yes" if e.replayed_to else "",
-            )
-        out.print(table)
-        by_stage = ", ".join(f"{k}: {v}" for k, v in sorted(store.by_stage.items())) or "none"
-        console.print(f"by stage: {by_stage}")
-
-    _guard(go)
-
-
-@deadletter_app.command("show")
-def deadletter_show(
-    letter_id: Annotated[int, typer.Argument(help="The record's id, from `deadletter list`.")],
-    config: ConfigOption = None,
-    sets: SetOption = None,
-) -> None:
-    """Show one refused record in full, raw input included.
-
-    Example: streamrag deadletter show 3
-    """
-
-    def go() -> None:
-        _, store = _store(config, sets)
-        out.print_json(json.dumps(_letter_json(store.get(letter_id))))
-
-    _guard(go)
-
-
-@deadletter_app.command("replay")
-def deadletter_replay(
-    ids: Annotated[list[int] | None, typer.Argument(help="Ids of records to re-inject.")] = None,
-    config: ConfigOption = None,
-    sets: SetOption = None,
-    stage: Annotated[str | None, typer.Option(help="Re-inject every record of a stage.")] = None,
-    file: Annotated[
-        Path | None,
-        typer.Option(help="Re-inject these fixed JSONL records instead of the stored ones."),
-    ] = None,
-) -> None:
-    """Re-inject records into the job: as stored, or fixed by hand (--file).
-
-    They are written to the job's replay folder (state_dir/replay), which every
-    job reads alongside its source; a running job picks them up at once. A record
-    that fails again is refused again, with a new id.
-    Example: streamrag deadletter list --json | jq -r .raw > fix.jsonl; (edit);
-    streamrag deadletter replay --file fix.jsonl 3 4
-    """
-
-    def go() -> None:
-        settings, store = _store(config, sets)
-        chosen = [
-            e
-            for e in store.entries()
-            if (ids and e.id in ids) or (stage is not None and e.letter.stage == stage)
-        ]
-        if ids:
-            missing = set(ids) - {e.id for e in chosen}
-            if missing:
-                store.get(min(missing))  # raises a clear error
-        if file is not None:
-            lines = [ln for ln in file.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        else:
-            if not chosen:
-                msg = "nothing to re-inject: give ids, --stage STAGE or --file FIXED.jsonl"
-                raise StreamragError(msg)
-            cut = [e.id for e in chosen if e.letter.raw.endswith("…[cut]")]
-            if cut:
-                msg = (
-                    f"records {cut} were stored cut (over 64 KB); fix them at their source "
-                    "and re-inject them with --file"
-                )
-                raise StreamragError(msg)
-            lines = [_raw_line(e.letter) for e in chosen]
-        target = _write_replay(settings.replay_dir, lines)
-        store.mark_replayed([e.id for e in chosen], target, time.time_ns() // 1000)
-        console.print(
-            f"re-injected {len(lines)} records through {target}; a running job reads them "
-            "now, a stopped one when it starts"
-        )
-
-    _guard(go)
-
-
-def _letter_json(entry: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {"id": entry.id, **asdict(entry.letter), "replayed_to": entry.replayed_to}
-
-
-def _raw_line(letter: Any) -> str:
-    """A stored record as one JSONL line: records are single lines already."""
-    return str(letter.raw)
-
-
-def _write_replay(folder: Path, lines: list[str]) -> Path:
-    """Write lines to a new file in the replay folder, atomically (renamed into place)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    n = len(list(folder.glob("replay-*.jsonl")))
-    target = folder / f"replay-{stamp}-{n:04d}.jsonl"
-    tmp = folder / f".{target.name}.tmp"
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write("".join(line + "\n" for line in lines))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
-    return target
-
-
 def _query_body(text: str, k: int, tenant: str, domain: str | None) -> dict[str, Any]:
     """The JSON body of a retrieve or answer request from the command's options."""
     filters: dict[str, Any] = {"tenant": tenant}
     if domain:
         filters["domain"] = domain
     return {"query": text, "k": k, "filters": filters}
-
-
-def _http(method: str, url: str, body: Any) -> Any:
-    try:
-        resp = httpx.request(method, url, json=body, timeout=120)
-    except httpx.TransportError as exc:
-        console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
-        raise typer.Exit(2) from None
-    if resp.status_code >= 400:
-        console.print(f"[red]error {resp.status_code}:[/] {resp.text}")
-        raise typer.Exit(1)
-    return resp.json()
-
-
-def _guard(fn: Any) -> None:
-    try:
-        fn()
-    except StreamragError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(2) from None
 
 
 def main() -> None:

@@ -1,0 +1,80 @@
+"""What the commands share: the consoles, common options, settings from flags, HTTP calls."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+from streamrag.config import Settings, load_settings, parse_value
+from streamrag.errors import StreamragError
+
+__all__ = [
+    "DEFAULT_URL",
+    "HostOption",
+    "PortOption",
+    "SetOption",
+    "UrlOption",
+    "console",
+    "guard",
+    "http",
+    "out",
+    "settings_from",
+]
+
+console = Console(stderr=True)
+out = Console()
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a setting: --set batcher.max_delay_ms=50 (repeatable)."),
+]
+HostOption = Annotated[str | None, typer.Option(help="Address to serve on (serve.host).")]
+PortOption = Annotated[int | None, typer.Option(help="Port to serve on (serve.port).")]
+UrlOption = Annotated[str, typer.Option("--url", help="Where a streamrag server listens.")]
+
+
+def settings_from(
+    config: Path | None, sets: list[str] | None, host: str | None, port: int | None
+) -> Settings:
+    """Settings from a config file and the --set, --host and --port flags."""
+    overrides: dict[str, Any] = {}
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            msg = f"--set {item!r}: expected KEY=VALUE, such as --set batcher.max_delay_ms=50"
+            raise typer.BadParameter(msg)
+        overrides[key.strip()] = parse_value(value)
+    if host is not None:
+        overrides["serve.host"] = host
+    if port is not None:
+        overrides["serve.port"] = port
+    return load_settings(config, overrides=overrides, environ=os.environ)
+
+
+def http(method: str, url: str, body: Any) -> Any:
+    """Call a running server; exit with its error, or say it is not running."""
+    try:
+        resp = httpx.request(method, url, json=body, timeout=120)
+    except httpx.TransportError as exc:
+        console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
+        raise typer.Exit(2) from None
+    if resp.status_code >= 400:
+        console.print(f"[red]error {resp.status_code}:[/] {resp.text}")
+        raise typer.Exit(1)
+    return resp.json()
+
+
+def guard(fn: Any) -> None:
+    """Run ``fn``, turning a streamrag error into one red line and exit status 2."""
+    try:
+        fn()
+    except StreamragError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
