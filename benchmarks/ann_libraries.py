@@ -468,8 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     threads = os.cpu_count() or 1
     res: dict[str, Any] = {
-        "command": "benchmarks/ann_libraries.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(
+            ["benchmarks/ann_libraries.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "machine": machine_info(),
         "versions": versions(),
         "params": {
@@ -643,6 +644,27 @@ def _tag(wheel: str | None) -> str:
     return "**none**" if wheel is None else wheel.removesuffix(".whl").rsplit("-", 1)[1]
 
 
+def ratios(res: dict[str, Any]) -> list[str]:
+    """hnswlib's single-query QPS over each other library's, each at its smallest ef ≥ target."""
+    out = [
+        "hnswlib ÷ the others, single-query QPS at recall@10 ≥ 0.95 (above 1: hnswlib faster):",
+        "",
+    ]
+    plain = res["search"]
+    for label, r in plain.items():
+        if not label.startswith("hnswlib ") or "qps" not in r:
+            continue
+        m = label.split(" ", 1)[1]
+        for other, o in plain.items():
+            if other.endswith(m) and not other.startswith("hnswlib") and "qps" in o:
+                rounds = [a / b for a, b in zip(r["qps_rounds"], o["qps_rounds"], strict=True)]
+                out.append(
+                    f"- {label} ÷ {other}: {r['qps'] / o['qps']:.2f} "
+                    f"(per pass {', '.join(f'{x:.2f}' for x in rounds)})"
+                )
+    return out
+
+
 def _bytes(v: float | None) -> str:
     return "—" if v is None else f"{v:,.0f} B"
 
@@ -688,6 +710,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"{r['p50_us']:.0f} / {r['p99_us']:.0f} | {r['batch32_1t_qps']:,.0f} | "
             f"{r['batch_all_threads_qps']:,.0f} |"
         )
+    lines += ["", *ratios(res)]
     lines += [
         "",
         "## Build",
