@@ -32,6 +32,7 @@ __all__ = ["REGISTRY", "CountsTokens", "Embedder", "Loadable", "build_embedder",
 REGISTRY: dict[str, str] = {
     "hashing": "streamrag.embed.hashing:HashingEmbedder",
     "minilm": "streamrag.embed.sentence_transformers:SentenceTransformerEmbedder",
+    "minilm-onnx": "streamrag.embed.onnx:OnnxEmbedder",
     "openai": "streamrag.embed.remote:OpenAIEmbedder",
     "sentence-transformers": "streamrag.embed.sentence_transformers:SentenceTransformerEmbedder",
     "tei": "streamrag.embed.remote:TEIEmbedder",

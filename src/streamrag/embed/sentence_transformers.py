@@ -73,6 +73,11 @@ class SentenceTransformerEmbedder:
         """The model name."""
         return f"sentence-transformers/{self.model_name}"
 
+    @property
+    def space(self) -> str:
+        """The vector space: the model (ONNX runs of the same model share it)."""
+        return self.model_name
+
     def load(self) -> Any:
         """Load the model now (otherwise it loads on the first call)."""
         with self._lock:
