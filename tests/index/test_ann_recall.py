@@ -121,7 +121,9 @@ def test_structures_are_calibrated_to_the_recall_target_or_dropped() -> None:
 
     # An index whose structure was refused still answers exactly.
     common = {"seal_rows": 1024, "compaction": CompactionSpec(fanout=8, seal_rows=1024)}
-    spec = LsmSpec(ann=AnnSpec(min_rows=1000, hnsw_m=8, hnsw_ef_search=10, max_ef=10), **common)  # type: ignore[arg-type]
+    # Four links per row (a graph too thin for these 1024-row segments at ef 10).
+    thin = AnnSpec(min_rows=1000, hnsw_m=4, hnsw_ef_search=10, max_ef=10)
+    spec = LsmSpec(ann=thin, **common)  # type: ignore[arg-type]
     index = LsmIndex(128, spec)
     changes = [Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(2048)]
     batch = make_batch(changes, 128)

@@ -3,13 +3,22 @@
 A sealed segment's rows never change, so an ANN structure is built for it once,
 in the background, and then only read. Which one is chosen by size
 (:func:`choose_ann`, thresholds in :class:`AnnSpec`), and the libraries were
-chosen by measurement on a 2-core host at 100k × 384 clustered vectors:
+chosen by measurement at 100k × 384 clustered vectors:
 
-- **HNSW** (hnswlib) for mid-size segments: ~6,800 single queries/s at
-  recall@10 0.97–0.98 (M=32, ef=32), against ~4,700 for FAISS HNSW at the same
-  recall. Inserts run at only ~1,000–5,000 vectors/s on one core, which is why
-  nothing is ever inserted on the commit path: graphs are built for sealed
-  segments by the maintenance thread.
+- **HNSW** (FAISS ``IndexHNSWFlat``, inner product) for mid-size segments.
+  Against hnswlib and usearch with the same M and ef_construction, at the
+  smallest ef reaching recall@10 ≥ 0.95 and one query per call on one thread
+  (benchmarks/results/ann-libraries.md, 2 shared cores): M=32, ef 16, FAISS ran
+  3,500 queries/s, hnswlib 2,750 (0.78–0.80× FAISS's in each pass) and usearch
+  1,400; M=16 (ef 32–40) kept that order. FAISS also inserted fastest on one
+  thread (1,900 vectors/s against 1,500–1,700 and 900–1,000), and its ``IDSelector``
+  filtered search was the fastest filter. hnswlib has no wheel for any platform
+  (installing it needs a C++ compiler) and FAISS is here for IVF-PQ anyway. The
+  host was loaded (1-min load 2–3 on 2 cores): on a quiet one hnswlib's own
+  graph ran ~10,000 queries/s at ef 16 (benchmarks/results/index.md); compare
+  the libraries within one run. At ~2,000 inserts/s on one core nothing is ever
+  inserted on the commit path: graphs are built for sealed segments by the
+  maintenance thread.
 - **IVF-PQ** (FAISS) for large segments: 76 bytes per vector instead of HNSW's
   ~1.8 KB, trained and filled at 9,500–58,000 vectors/s. Product quantization
   alone caps recall at 0.70–0.84, so its candidates are re-scored exactly
@@ -22,10 +31,11 @@ batches of 32), small beside embedding the query with MiniLM (p50 19.6 ms with
 torch on one thread, as measured for this kind of host).
 
 **Measured recall, per segment.** How well a graph or a quantizer works depends
-on the data: on clustered vectors hnswlib at ef 64 finds 97–99.6 % of the true
-top 10 (100k and 1M rows, as measured for this kind of host), but on vectors
-with little structure — the hashing embedder's, queried with short keyword
-queries — a graph over 16k rows found only 68–84 % at ef 64–256 (measured here). So every structure
+on the data: on clustered vectors an HNSW graph at ef 64 finds 97–99.6 % of the
+true top 10 (hnswlib's, 100k and 1M rows, as measured for this kind of host;
+FAISS's finds as many at every ef, ann-libraries.md), but on vectors with little
+structure — the hashing embedder's, queried with short keyword queries — a
+graph over 16k rows found only 68–84 % at ef 64–256 (measured here). So every structure
 is checked after it is built (:func:`calibrate`): leave-one-out recall@10 on a
 sample of the segment's own rows, raising ef (HNSW) or nprobe (IVF-PQ) until it
 reaches ``target_recall``. A structure that cannot is dropped and the segment is
@@ -35,13 +45,23 @@ recent query vectors and, every ``probe_every`` queries, the maintenance thread
 measures each structure's recall@10 on them and widens or drops it the same way.
 
 Neither structure knows about tombstones: a search asks for more candidates
-than it needs and drops those the query may not see (see :mod:`.search`). All
-structures run single-threaded per call; parallelism comes from concurrent
+than it needs and drops those the query may not see (see :mod:`.search`). (A
+FAISS ``IDSelectorBitmap`` over the same mask measured 9–18 % faster than that
+with 10 % or 50 % of rows excluded: not yet worth a second search path.) All
+structures run single-threaded per call, OpenMP set to one thread in every
+thread that calls FAISS (:func:`_faiss`); parallelism comes from concurrent
 queries.
+
+**Files.** A graph is saved beside its sealed segment (:meth:`HnswAnn.save`): a
+header naming the format, then FAISS's own bytes. A file of any other format —
+the hnswlib graphs of earlier versions — or over other rows is never read as
+the segment's graph: :func:`load_hnsw` builds the graph again. IVF-PQ
+structures are not saved (they are rebuilt on open).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +71,8 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.errors import MissingDependencyError
+
+log = logging.getLogger("streamrag.index")
 
 _BUILD_PART = 1024
 """Rows an HNSW build inserts between two looks at whether it was cancelled (~0.5 s)."""
@@ -199,54 +221,70 @@ def calibrate(ann: Ann, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> Ann 
             return None
 
 
-def _hnswlib() -> Any:
-    try:
-        import hnswlib
-    except ImportError:  # pragma: no cover - a dependency
-        purpose = "The HNSW index"
-        raise MissingDependencyError("hnswlib", None, purpose) from None  # noqa: EM101
-    return hnswlib
-
-
 _faiss_ready = threading.Lock()
 _faiss_module: Any = None
+_one_thread = threading.local()
 
 
 def _faiss() -> Any:
+    """FAISS, with OpenMP set to one thread in the calling thread.
+
+    OpenMP keeps its thread count per thread: set once in the main thread, it
+    would not hold in the maintenance thread or in the threads serving queries,
+    where a batched search would then use every core. So each thread that
+    builds or searches sets it, once.
+    """
+    faiss = _faiss_module if _faiss_module is not None else _import_faiss()
+    if not getattr(_one_thread, "set", False):
+        faiss.omp_set_num_threads(1)
+        _one_thread.set = True
+    return faiss
+
+
+def _import_faiss() -> Any:
     global _faiss_module
     with _faiss_ready:
         if _faiss_module is None:
             try:
                 import faiss
             except ImportError:  # pragma: no cover - a dependency
-                purpose = "The IVF-PQ index"
+                purpose = "The HNSW and IVF-PQ indexes"
                 raise MissingDependencyError("faiss-cpu", None, purpose) from None  # noqa: EM101
-            # One thread per call (parallelism comes from concurrent queries), and
             # BLAS for batched distance computations (the shipped threshold is 128,000).
-            faiss.omp_set_num_threads(1)
             faiss.cvar.distance_compute_blas_threshold = 20
             _faiss_module = faiss
     return _faiss_module
 
 
+_HNSW_HEADER = b"streamrag hnsw: faiss 1\n"
+"""What an HNSW file starts with: the format of what follows (FAISS's ``write_index``).
+
+Files written by hnswlib (streamrag before FAISS) start with eight zero bytes
+(their level-0 offset), so neither is ever read as the other.
+"""
+
+
 class HnswAnn:
-    """An hnswlib graph (inner product) over a sealed segment."""
+    """A FAISS HNSW graph (``IndexHNSWFlat``, inner product) over a sealed segment."""
 
     kind = "hnsw"
 
-    def __init__(self, index: Any, rows: int, m: int, ef: int) -> None:
+    def __init__(self, index: Any, rows: int, ef: int) -> None:
         self.index = index
         self.rows = rows
-        self._m = m
         self.ef = ef
-        index.set_ef(ef)
+        index.hnsw.efSearch = ef
+        hnsw = index.hnsw
+        # Vectors, then links: ids per level of every row, offsets and levels.
+        links = hnsw.neighbors.size() * 4 + hnsw.offsets.size() * 8 + hnsw.levels.size() * 4
+        self._nbytes = int(rows * index.d * 4 + links)
 
     def widen(self, spec: AnnSpec) -> bool:
         """Double ef, up to ``spec.max_ef``."""
         if self.ef >= spec.max_ef:
             return False
         self.ef = min(spec.max_ef, self.ef * 2)
-        self.index.set_ef(self.ef)
+        self.index.hnsw.efSearch = self.ef
         return True
 
     @classmethod
@@ -258,57 +296,85 @@ class HnswAnn:
     ) -> HnswAnn:
         """Insert every row, one thread, deterministic under ``spec.seed``.
 
-        Rows go in parts of ``_BUILD_PART`` (the same graph as one call: inserts
-        are sequential), so that ``cancelled`` can stop the build between parts.
+        Rows go in parts of ``_BUILD_PART``, so that ``cancelled`` can stop the
+        build between parts. (FAISS inserts the rows of one call highest level
+        first, so the graph differs from a one-call build's; it is as good.)
         """
+        faiss = _faiss()
         n, dim = vectors.shape
-        index = _hnswlib().Index(space="ip", dim=dim)
-        index.init_index(
-            max_elements=max(n, 1),
-            M=spec.hnsw_m,
-            ef_construction=spec.hnsw_ef_construction,
-            random_seed=spec.seed,
-        )
-        index.set_num_threads(1)
-        data = np.ascontiguousarray(vectors)
+        index = faiss.IndexHNSWFlat(dim, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = spec.hnsw_ef_construction
+        index.hnsw.rng = faiss.RandomGenerator(spec.seed)  # the rows' levels
+        data = np.ascontiguousarray(vectors, dtype=np.float32)
         for lo in range(0, n, _BUILD_PART):
             if cancelled is not None and cancelled():
                 raise BuildCancelled
-            hi = min(n, lo + _BUILD_PART)
-            index.add_items(data[lo:hi], np.arange(lo, hi), num_threads=1)
-        return cls(index, n, spec.hnsw_m, spec.hnsw_ef_search)
+            index.add(data[lo : lo + _BUILD_PART])
+        return cls(index, n, spec.hnsw_ef_search)
 
     def search(
         self, queries: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32] | None]:
-        """Up to ``k`` rows per query and their inner products (the graph stores full vectors)."""
+        """Up to ``k`` rows per query and their inner products (the graph stores full vectors).
+
+        Where the graph reaches fewer than ``k`` rows the rest are -1, scored -inf.
+        """
+        _faiss()
         k = min(k, self.rows)
-        try:
-            labels, distances = self.index.knn_query(queries, k=k, num_threads=1)
-        except RuntimeError:
-            # The graph could not produce k neighbours (tiny or disconnected):
-            # the caller falls back to an exact scan.
-            return np.full((queries.shape[0], k), -1, dtype=np.int64), None
-        # hnswlib's inner-product distance is 1 - <q, v>.
-        return labels.astype(np.int64), 1.0 - distances
+        m = queries.shape[0]
+        if k <= 0 or m == 0:
+            return np.full((m, max(k, 0)), -1, dtype=np.int64), np.zeros((m, max(k, 0)), np.float32)
+        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        if int(labels[:, -1].min()) < 0:
+            scores = np.where(labels >= 0, scores, np.float32(-np.inf))
+        return labels, scores
 
     def save(self, path: str) -> None:
-        """Write the graph to ``path``."""
-        self.index.save_index(path)
+        """Write the graph to ``path``: :data:`_HNSW_HEADER`, then FAISS's own bytes."""
+        faiss = _faiss()
+        with open(path, "wb") as fh:
+            fh.write(_HNSW_HEADER)
+            faiss.write_index(self.index, faiss.PyCallbackIOWriter(fh.write))
 
     def nbytes(self) -> int:
         """Vectors plus links (level 0: 2·M ids per row, upper levels ~1/M of that)."""
-        dim = int(self.index.dim)
-        return self.rows * (dim * 4 + 2 * self._m * 4 + 8 + 16)
+        return self._nbytes
 
 
 def load_hnsw(path: str, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> Ann | None:
-    """Read a graph written by :meth:`HnswAnn.save` over ``vectors``, and calibrate it."""
+    """Read a graph written by :meth:`HnswAnn.save` over ``vectors``, and calibrate it.
+
+    A file of another format (an hnswlib graph, written before streamrag moved
+    to FAISS) or over other rows is never read as this segment's graph: the
+    graph is built again from ``vectors``, here (slow: the maintenance thread's
+    work, done while opening).
+    """
     rows, dim = vectors.shape
-    index = _hnswlib().Index(space="ip", dim=dim)
-    index.load_index(path, max_elements=max(rows, 1))
-    index.set_num_threads(1)
-    return calibrate(HnswAnn(index, rows, spec.hnsw_m, spec.hnsw_ef_search), vectors, spec)
+    index = _read_hnsw(path)
+    if index is None or int(index.ntotal) != rows or int(index.d) != dim:
+        log.warning(
+            "%s is not a FAISS HNSW graph of these %d rows (an hnswlib graph of an earlier "
+            "streamrag?); building it again",
+            path,
+            rows,
+        )
+        return build_ann("hnsw", vectors, spec)
+    return calibrate(HnswAnn(index, rows, spec.hnsw_ef_search), vectors, spec)
+
+
+def _read_hnsw(path: str) -> Any:
+    """The FAISS inner-product HNSW graph in ``path``, or None if it holds something else."""
+    faiss = _faiss()
+    with open(path, "rb") as fh:
+        if fh.read(len(_HNSW_HEADER)) != _HNSW_HEADER:
+            return None
+        try:
+            index = faiss.read_index(faiss.PyCallbackIOReader(fh.read))
+        except RuntimeError:
+            return None
+    if not isinstance(index, faiss.IndexHNSWFlat):
+        return None
+    return index if index.metric_type == faiss.METRIC_INNER_PRODUCT else None
 
 
 class IvfPqAnn:
@@ -353,6 +419,7 @@ class IvfPqAnn:
         self, queries: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32] | None]:
         """``refine × k`` candidates per query; their scores are approximate, so none are given."""
+        _faiss()
         kk = min(self.rows, k * self.refine)
         _, labels = self.index.search(np.ascontiguousarray(queries), kk)
         return np.asarray(labels, dtype=np.int64), None
