@@ -11,8 +11,10 @@ import pytest
 
 from streamrag.embed import REGISTRY, build_embedder
 from streamrag.embed.base import Embedder
+from streamrag.embed.onnx import OnnxEmbedder
 from streamrag.embed.remote import OpenAIEmbedder
 from streamrag.testing import CountingEmbedder, FakeEmbedder
+from tests.embed.test_onnx import run_cache
 from tests.embed.test_remote import serving_streamrag
 
 TEXTS = ["How do I rotate the database password?", "Parental leave in Spain", "", "ünïcödé"]
@@ -29,10 +31,18 @@ def _embedders() -> list[object]:
         pytest.param(lambda: CountingEmbedder(), id="counting"),
     ]
     for name in sorted(set(REGISTRY.values())):
-        if name.startswith("streamrag.embed.remote:"):
-            continue  # they need a server: the case below
+        if name.startswith(("streamrag.embed.remote:", "streamrag.embed.onnx:")):
+            continue  # they need a server, or the run's model cache: the cases below
         marks = [pytest.mark.slow] if "sentence_transformers" in name else []
         out.append(pytest.param(lambda n=name: _registered(n), id=name, marks=marks))
+    for precision in ("int8", "fp32"):
+        out.append(
+            pytest.param(
+                f"onnx_{precision}",
+                id=f"streamrag.embed.onnx:OnnxEmbedder[{precision}]",
+                marks=[pytest.mark.slow],
+            )
+        )
     # The OpenAI-compatible embedder, against a real streamrag serving /v1/embeddings.
     out.append(
         pytest.param(
@@ -48,6 +58,16 @@ def remote_openai(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedder
         emb = OpenAIEmbedder(url, model="contract")
         yield emb
         emb.close()
+
+
+@pytest.fixture(scope="module")
+def onnx_int8(tmp_path_factory: pytest.TempPathFactory) -> Embedder:
+    return OnnxEmbedder("int8", cache_dir=run_cache(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def onnx_fp32(tmp_path_factory: pytest.TempPathFactory) -> Embedder:
+    return OnnxEmbedder("fp32", cache_dir=run_cache(tmp_path_factory))
 
 
 @pytest.mark.parametrize("make", _embedders())
