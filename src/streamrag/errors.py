@@ -21,7 +21,8 @@ written against the built-in keeps working::
     ├── SourceError            a source cannot be read or resumed
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
-    │   └── CorruptStateError  a state file fails its checksum (names the file)
+    │   ├── CorruptStateError  a state file fails its checksum (names the file)
+    │   └── ForeignFileError   a derived file holds another format: it is built again
     ├── QueryError             a query is malformed (bad filter, k, time range)
     │   ├── RequestError       a request field fails its check (a limit, a blank value)
     │   └── UnknownNameError   a query names something that does not exist (a window)
@@ -39,6 +40,7 @@ __all__ = [
     "CorruptStateError",
     "DecodeError",
     "EmbedderError",
+    "ForeignFileError",
     "GeneratorError",
     "GeneratorTimeoutError",
     "IndexStoreError",
@@ -135,6 +137,14 @@ class EmbedderError(StreamragError):
 
 class IndexStoreError(StreamragError):
     """The vector index refused an operation (for example a dimension mismatch)."""
+
+
+class ForeignFileError(IndexStoreError):
+    """A file the index can rebuild (an ANN graph) holds another format or other rows.
+
+    Written by an earlier streamrag (an hnswlib graph) or for another segment: it
+    is never read as this one's; the index builds it again in the background.
+    """
 
 
 class CorruptStateError(IndexStoreError):

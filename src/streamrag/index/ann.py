@@ -61,7 +61,6 @@ structures are not saved (they are rebuilt on open).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,9 +69,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.errors import MissingDependencyError
-
-log = logging.getLogger("streamrag.index")
+from streamrag.errors import ForeignFileError, MissingDependencyError
 
 _BUILD_PART = 1024
 """Rows an HNSW build inserts between two looks at whether it was cancelled (~0.5 s)."""
@@ -345,20 +342,18 @@ def load_hnsw(path: str, vectors: npt.NDArray[np.float32], spec: AnnSpec) -> Ann
     """Read a graph written by :meth:`HnswAnn.save` over ``vectors``, and calibrate it.
 
     A file of another format (an hnswlib graph, written before streamrag moved
-    to FAISS) or over other rows is never read as this segment's graph: the
-    graph is built again from ``vectors``, here (slow: the maintenance thread's
-    work, done while opening).
+    to FAISS) or over other rows is never read as this segment's graph: it
+    raises :class:`~streamrag.errors.ForeignFileError`, and the index builds the
+    graph again in the background (the segment is scanned exactly meanwhile).
     """
     rows, dim = vectors.shape
     index = _read_hnsw(path)
     if index is None or int(index.ntotal) != rows or int(index.d) != dim:
-        log.warning(
-            "%s is not a FAISS HNSW graph of these %d rows (an hnswlib graph of an earlier "
-            "streamrag?); building it again",
-            path,
-            rows,
+        msg = (
+            f"{path} is not a FAISS HNSW graph of these {rows} rows (an hnswlib graph of an "
+            "earlier streamrag?)"
         )
-        return build_ann("hnsw", vectors, spec)
+        raise ForeignFileError(msg)
     return calibrate(HnswAnn(index, rows, spec.hnsw_ef_search), vectors, spec)
 
 

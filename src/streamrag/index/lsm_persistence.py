@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.errors import CorruptStateError, IndexStoreError
+from streamrag.errors import CorruptStateError, ForeignFileError, IndexStoreError
 from streamrag.index.ann import load_hnsw
 from streamrag.index.base import merge_cursor
 from streamrag.index.checkpoint import CheckpointManifest, SegmentEntry
@@ -321,7 +321,12 @@ class LsmPersistence(LsmWriter):
             # Rebuilt from the segment's vectors; searched exactly meanwhile.
             log.warning("%s; its graph will be built again", exc.args[0])
             return
-        seg.ann = load_hnsw(str(ann_path), seg.vectors[: seg.n], self._spec.ann)
+        try:
+            seg.ann = load_hnsw(str(ann_path), seg.vectors[: seg.n], self._spec.ann)
+        except ForeignFileError as exc:
+            # Built again by the maintenance thread, and written by the next checkpoint.
+            log.warning("%s; it will be built again in the background", exc.args[0])
+            return
         if seg.ann is None:
             self._failed_ann.add(seg.id)
         else:
