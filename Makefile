@@ -45,7 +45,12 @@ typecheck: $(STAMP)
 test: lint typecheck $(MODEL)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/run.py
 	nice $(PY) benchmarks/index.py --sizes 100000
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
@@ -56,6 +61,8 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_folder.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/folder_idle.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/chunking_quality.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/embedders.py
+	nice $(PY) benchmarks/ann_libraries.py
 
 constraints: $(STAMP)
 	$(PY) scripts/lock.py

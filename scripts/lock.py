@@ -35,7 +35,7 @@ def main() -> None:
         report = Path(tmp) / "report.json"
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-             "-c", str(pins), "--report", str(report), f"{ROOT}[dev]"],
+             "-c", str(pins), "--report", str(report), f"{ROOT}[dev,bench]"],
             check=True,
         )
         resolved = json.loads(report.read_text())["install"]
