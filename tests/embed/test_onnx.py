@@ -228,6 +228,22 @@ def test_two_threads_starting_at_once_build_once(
     assert not [p for p in folder.iterdir() if p.suffix == ".tmp"]
 
 
+def test_a_cache_it_cannot_lock_is_read_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Files baked into a read-only image: verified and used, no lock needed."""
+    calls: list[str] = []
+    _fake_builds(monkeypatch, calls, 0.0)
+    onnx_build.load_or_build(tmp_path, "fp32")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(onnx_build, "open", refuse, raising=False)
+    assert onnx_build.load_or_build(tmp_path, "fp32").model == b"fp32 model"
+    assert calls == ["fp32"]
+
+
 def test_two_processes_starting_at_once_build_once(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """

@@ -34,7 +34,9 @@ the sample corpus, and recall@10 to 0.95. Three steps bring it back:
   output channel, absorbs the factor. The maxima come from running the fp32
   model over :data:`CALIBRATION_TEXTS`.
 * **The first feed-forward output stays fp32**: its input has the largest
-  outliers of all, and it alone cost a three-letter query 0.01 of cosine.
+  outliers of all. Kept in fp32 (one MatMul of 36), the worst calibration text
+  (``"ok"``) went from a cosine of 0.993 to 0.996, and recall@10 from 0.982 to
+  0.985.
 * **Unsigned weights** (``QUInt8``): on x86 CPUs without VNNI, ONNX Runtime
   multiplies unsigned activations by signed weights with an instruction that
   saturates 16-bit pair sums (another 0.3 % of cosine here); with unsigned
@@ -196,13 +198,23 @@ _PROCESS_LOCK = threading.Lock()
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold the folder's lock: one builder or reader at a time, across processes."""
-    with _PROCESS_LOCK, open(folder / ".lock", "a+b") as fh:
-        if sys.platform != "win32":  # elsewhere: per-process temporary names and renames
-            import fcntl
+    """Hold the folder's lock: one builder or reader at a time, across processes.
 
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
+    A folder this process cannot write to (files baked into a read-only image)
+    is read without the lock: nothing can change it, and nothing is built there.
+    """
+    with _PROCESS_LOCK:
+        try:
+            fh = open(folder / ".lock", "a+b")  # noqa: SIM115 - held across the yield
+        except OSError:
+            yield
+            return
+        with fh:
+            if sys.platform != "win32":  # elsewhere: per-process temporary names and renames
+                import fcntl
+
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            yield  # closing the file releases the lock
 
 
 def _sidecar(path: Path) -> Path:
