@@ -43,7 +43,7 @@ def test_demo_answers_its_printed_curl_queries(
     top = password["results"][0]
     assert top["doc_id"].startswith("ops/rotate-the-")
     assert "password" in top["text"].lower()
-    assert top["embedder"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert top["embedder"] == "onnx/all-MiniLM-L6-v2/int8"  # --embedder auto, ONNX installed
     assert all(r["domain"] == "it-support" for r in vpn["results"])
     assert "disconnect" in vpn["results"][0]["text"].lower()
 
