@@ -11,7 +11,7 @@ from streamrag.errors import ConfigError
 def test_defaults() -> None:
     s = load_settings(environ={})
     assert s.batcher.max_delay_ms == 20
-    assert s.embedder.class_ == "minilm"
+    assert s.embedder.class_ == "minilm-onnx"
     assert s.dead_letter_path == Path(".streamrag/deadletter.jsonl")
 
 

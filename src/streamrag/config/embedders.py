@@ -33,9 +33,10 @@ class EmbedderSettings(_Frozen):
     """
 
     class_: str = Field(
-        "minilm",
+        "minilm-onnx",
         alias="class",
-        description="'minilm', 'hashing', 'openai' (any OpenAI-compatible /v1/embeddings: "
+        description="'minilm-onnx' (MiniLM through ONNX Runtime; args precision int8|fp32), "
+        "'minilm' (through PyTorch), 'hashing', 'openai' (any OpenAI-compatible /v1/embeddings: "
         "args url, model, api_key_env), 'tei' (Text Embeddings Inference: args url), or an "
         "import path such as 'mypkg.emb:MyEmbedder'.",
     )

@@ -10,7 +10,7 @@ embedder retries, the index, and the pipeline over them.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
@@ -51,6 +51,7 @@ __all__ = [
     "build_pipeline",
     "build_source",
     "build_splitter",
+    "embedder_from",
 ]
 
 
@@ -175,13 +176,25 @@ def _decoder(spec: SourceSpec, limits: dict[str, Any]) -> RecordDecoder:
     return Decoder(**limits)
 
 
+_MAKES_MODEL_FILES = ("minilm-onnx", "streamrag.embed.onnx:OnnxEmbedder")
+"""Embedders that make model files once and keep them (in ``<state_dir>/models``)."""
+
+
+def embedder_from(settings: Settings, class_path: str, args: Mapping[str, Any]) -> Embedder:
+    """An embedder by name and arguments; one that makes model files keeps them in the state dir."""
+    kwargs = dict(args)
+    if class_path in _MAKES_MODEL_FILES:
+        kwargs.setdefault("cache_dir", str(settings.state_dir / "models"))
+    return build_embedder(class_path, kwargs)
+
+
 def build_choice(settings: Settings, primary: Embedder, clock: Clock) -> EmbedderChoice:
     """The configured embedder with its fallback and fast variant (``embedder.*``)."""
     emb = settings.embedder
-    fallback = (
-        None if emb.fallback is None else build_embedder(emb.fallback.class_, emb.fallback.args)
-    )
-    fast = None if emb.fast is None else build_embedder(emb.fast.class_, emb.fast.args)
+    fallback = None
+    if emb.fallback is not None:
+        fallback = embedder_from(settings, emb.fallback.class_, emb.fallback.args)
+    fast = None if emb.fast is None else embedder_from(settings, emb.fast.class_, emb.fast.args)
     return EmbedderChoice(
         primary,
         clock=clock,

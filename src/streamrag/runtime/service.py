@@ -21,13 +21,13 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from streamrag.config import Settings
-from streamrag.embed.base import Embedder, Loadable, build_embedder
+from streamrag.embed.base import Embedder, Loadable
 from streamrag.embed.choice import EmbedderChoice
 from streamrag.errors import ConfigError, OverloadedError, StateError
 from streamrag.index.base import Closeable, Hit, SearchFilter, SupportsHealth, VectorIndex
 from streamrag.index.factory import build_index
 from streamrag.ingest import Decoder
-from streamrag.runtime.build import build_choice, build_event_time, build_pipeline
+from streamrag.runtime.build import build_choice, build_event_time, build_pipeline, embedder_from
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
@@ -149,13 +149,13 @@ class Service:
         """Open generation ``number``'s index with its embedder (and fallbacks)."""
         settings = self.settings
         if entry is None or entry.embedder is None:
-            primary = self._given_embedder or build_embedder(
-                settings.embedder.class_, settings.embedder.args
+            primary = self._given_embedder or embedder_from(
+                settings, settings.embedder.class_, settings.embedder.args
             )
             choice = build_choice(settings, primary, self.clock)
         else:
             spec = entry.embedder
-            primary = build_embedder(str(spec["class"]), spec.get("args") or {})
+            primary = embedder_from(settings, str(spec["class"]), spec.get("args") or {})
             choice = EmbedderChoice(primary, clock=self.clock)
         index = build_index(
             settings.index,
