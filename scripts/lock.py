@@ -1,8 +1,12 @@
 """Resolve every extra and the dev tools together and write the exact versions to constraints.txt.
 
 ``make constraints`` runs this after pyproject.toml changes. pip resolves as for a fresh
-environment (``--dry-run --ignore-installed --report``); torch stays at the CPU build
-pinned in the current constraints.txt (PyPI's default build of torch is the CUDA one).
+environment (``--dry-run --ignore-installed --report``), keeping every version the current
+constraints.txt pins (as pip-tools does: only what is new is resolved; a pin that the new
+ranges exclude makes pip say so — remove that line). ``--upgrade`` resolves everything
+afresh except torch, which stays at the CPU build (PyPI's default build is the CUDA one).
+Run the whole suite after either: a newer release can change behaviour (msgspec 0.23
+changed a decode error's wording).
 """
 
 from __future__ import annotations
@@ -30,8 +34,11 @@ def main() -> None:
     old = OUT.read_text(encoding="utf-8") if OUT.exists() else ""
     torch = re.search(r"^torch==(\S+)$", old, flags=re.M)
     with tempfile.TemporaryDirectory() as tmp:
-        pins = Path(tmp) / "torch.txt"
-        pins.write_text(f"torch=={torch.group(1)}\n" if torch else "")
+        pins = Path(tmp) / "held.txt"
+        if "--upgrade" in sys.argv[1:]:
+            pins.write_text(f"torch=={torch.group(1)}\n" if torch else "")
+        else:
+            pins.write_text(old)
         report = Path(tmp) / "report.json"
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
