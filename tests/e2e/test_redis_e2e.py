@@ -127,6 +127,13 @@ index: {{checkpoint_every: 16, seal_rows: 1024}}
     return cfg
 
 
+def _log_state(state: Path) -> tuple[tuple[str, ...], int]:
+    """The index's manifests and log size: any commit changes one of them."""
+    index = state / "index"
+    manifests = tuple(sorted(p.name for p in index.glob("manifest-*.json")))
+    return manifests, _wal_bytes(state)
+
+
 def _wal_bytes(state: Path) -> int:
     index = state / "index"
     return sum(p.stat().st_size for p in index.glob("wal-*.log")) if index.exists() else 0
@@ -160,9 +167,13 @@ def test_sigkill_mid_stream_ends_with_the_stream_last_writer_wins(
         if by_embedder:
             wait_for(lambda s=server: s.proc.poll() is not None, 60, "the embedder to kill its job")
         else:
-            seen = _wal_bytes(state)
+            # A commit grows the log or, at a checkpoint, truncates it and adds a manifest;
+            # once the stream is written there may be nothing left to commit.
+            seen = _log_state(state)
             wait_for(
-                lambda s=server, n=seen: s.proc.poll() is not None or _wal_bytes(state) > n,
+                lambda s=server, n=seen: (
+                    s.proc.poll() is not None or _log_state(state) != n or done.is_set()
+                ),
                 60,
                 "a commit",
             )
