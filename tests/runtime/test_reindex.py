@@ -89,6 +89,24 @@ def test_a_live_stream_flows_while_a_second_embedder_reindexes(tmp_path: Path) -
 
     # The stream keeps flowing: both generations get every change.
     _push(svc, [{"doc_id": "d0", "text": "document 0 version two"}])
+    # Many versions of one document in one micro-batch, out of order, one of them late
+    # (older than what the backfill is copying): the newest wins in both generations.
+    _push(
+        svc,
+        [
+            {
+                "doc_id": "d5",
+                "text": "document 5 version three",
+                "event_time": "2024-01-02T00:00:00Z",
+            },
+            {"doc_id": "d5", "text": "document 5 late", "event_time": "2023-12-31T00:00:00Z"},
+            {
+                "doc_id": "d5",
+                "text": "document 5 version two",
+                "event_time": "2024-01-01T12:00:00Z",
+            },
+        ],
+    )
     _push(svc, [{"doc_id": "d1", "op": "delete"}, {"doc_id": "d40", "text": "document 40 new"}])
     gen, dim, ids, made_by = _read(svc)
     assert (gen, dim, made_by) == (1, 64, {OLD})  # before the switch: generation 1 only
@@ -114,6 +132,7 @@ def test_a_live_stream_flows_while_a_second_embedder_reindexes(tmp_path: Path) -
     # Nothing lost or doubled: generation 2 holds what generation 1 holds, chunk for chunk.
     want = {f"d{i}": [f"document {i} version one"] for i in range(2, 40)}
     want |= {"d0": ["document 0 version two"], "d40": ["document 40 new"]}
+    want["d5"] = ["document 5 version three"]
     assert _current(svc, 2) == want
     assert _current(svc, 1) == want
 
@@ -137,6 +156,8 @@ def test_a_live_stream_flows_while_a_second_embedder_reindexes(tmp_path: Path) -
     _push(again, [{"doc_id": "d3", "op": "delete"}])
     del want["d3"]
     assert _current(again, 1) == want == _current(again, 2)
+    with pytest.raises(StateError, match="is serving queries"):
+        again.reindexer.drop(1)
     again.reindexer.drop(2)
     assert again.generation(2) is None
     assert not (state / "generations" / "2").exists()

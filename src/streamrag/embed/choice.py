@@ -119,6 +119,11 @@ class EmbedderChoice:
         """The measured cosine between the configured embedder and the fallback, once checked."""
 
     @property
+    def in_use(self) -> str:
+        """The version of the embedder that made the latest vectors."""
+        return self._last.embedder.version
+
+    @property
     def circuit_open(self) -> bool:
         """True while the configured embedder is failing and the fallback stands in."""
         return self._open_since is not None
@@ -224,7 +229,7 @@ class EmbedderChoice:
         """Which embedder is in use and why, for ``/v1/status``."""
         last = self._last
         out: dict[str, Any] = {
-            "in_use": last.embedder.version,
+            "in_use": self.in_use,
             "role": last.role,
             "why": last.why,
             "configured": self.primary.version,

@@ -395,7 +395,7 @@ class Committer:
             "cut_by": pending.reason,
             "first_arrival_us": pending.first_arrival_us,
             "embedder": self.embedding.embedder.version,
-            "embedder_in_use": self.embedding.choice.status()["in_use"],
+            "embedder_in_use": self.embedding.choice.in_use,
         }
 
 

@@ -311,6 +311,12 @@ class Reindexer:
         """Delete a previous or building generation."""
         svc = self.service
         with self._lock:
+            book = svc.book_for_write()
+            if book.get(number).state == "serving":
+                msg = (
+                    f"generation {number} is serving queries; switch to another before dropping it"
+                )
+                raise StateError(msg)
             if self.building is not None and self.building.number == number:
                 self._stop.set()
                 if self.backfill is not None:
@@ -318,9 +324,6 @@ class Reindexer:
                 self._stop = threading.Event()
                 self.building = None
                 self.backfill = None
-            book = svc.book_for_write()
-            if book.get(number).state == "serving":
-                book.drop(number, svc.settings.state_dir)  # refuses with the reason
             svc.detach(number)
             book.drop(number, svc.settings.state_dir)
         return self.status()
