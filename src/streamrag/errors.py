@@ -19,6 +19,8 @@ written against the built-in keeps working::
     │   ├── DecodeError        not JSON, or not a valid change
     │   └── TimestampError     a time that cannot be read (no zone, out of range)
     ├── SourceError            a source cannot be read or resumed
+    ├── AuthenticationError    a request has no API key, or one that is not valid (401)
+    ├── PermissionDeniedError  a valid key may not do this: its role, or another tenant (403)
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
     │   ├── CorruptStateError  a state file fails its checksum (names the file)
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArgumentError",
+    "AuthenticationError",
     "CircuitOpenError",
     "ConfigError",
     "CorruptStateError",
@@ -46,6 +49,7 @@ __all__ = [
     "IndexStoreError",
     "InputError",
     "MissingDependencyError",
+    "PermissionDeniedError",
     "QueryError",
     "RequestError",
     "SourceError",
@@ -118,6 +122,23 @@ class TimestampError(InputError, ValueError):
 
 class SourceError(StreamragError):
     """A source cannot be opened, read or resumed from its offset."""
+
+
+class AuthenticationError(StreamragError):
+    """A request carries no API key, or a key the server does not know (HTTP 401).
+
+    The server takes ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``;
+    the answer carries ``WWW-Authenticate: Bearer``. The message never repeats
+    the key that was sent.
+    """
+
+
+class PermissionDeniedError(StreamragError):
+    """A valid API key may not do what the request asks (HTTP 403).
+
+    Its role is too low (a reader pushing documents, a writer calling
+    ``/v1/admin/*``), or the request names a tenant other than the key's.
+    """
 
 
 class OverloadedError(StreamragError):
