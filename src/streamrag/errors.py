@@ -13,7 +13,8 @@ written against the built-in keeps working::
     ├── ArgumentError          a call got a value outside what it accepts (a caller's bug)
     ├── StateError             a call came in a state that does not allow it
     ├── ConfigError            a setting is missing or has a bad value
-    │   └── SpecError          a window, aggregate or other spec does not hold together
+    │   ├── SpecError          a window, aggregate or other spec does not hold together
+    │   └── SchemaError        a version of a record schema breaks a registry rule (named)
     ├── MissingDependencyError a package a feature needs is not installed
     ├── InputError             an input record cannot be used (goes to dead letters)
     │   ├── DecodeError        not JSON, or not a valid change
@@ -52,6 +53,7 @@ __all__ = [
     "PermissionDeniedError",
     "QueryError",
     "RequestError",
+    "SchemaError",
     "SourceError",
     "SpecError",
     "StateError",
@@ -89,6 +91,20 @@ class SpecError(ConfigError, ValueError):
 
     Raised inside settings validators too, which is why it is also a ``ValueError``.
     """
+
+
+class SchemaError(ConfigError):
+    """A version of a source's record schema breaks a rule of the schema registry.
+
+    ``rules`` names each rule broken (``type-narrowed``, ``field-removed``, ...);
+    the message names the source, the version, the field and what to do. Not a
+    ``ValueError`` on purpose: raised while settings load, it reaches the caller
+    as it is, the same error ``streamrag schemas check`` reports.
+    """
+
+    def __init__(self, message: str, rules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.rules = rules
 
 
 class MissingDependencyError(StreamragError):
