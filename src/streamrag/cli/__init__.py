@@ -14,6 +14,8 @@ Examples::
     streamrag deadletter list --stage decode       # refused records, with ids and reasons
     streamrag deadletter show 3                     # one record, raw input included
     streamrag deadletter replay 3 4                 # re-inject them (or --file fixed.jsonl)
+    streamrag schemas check --config job.yaml       # the record schemas of sources, by version
+    streamrag schemas register --source tickets v4.yaml --config job.yaml
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from streamrag.cli.common import guard as _guard
 from streamrag.cli.common import http as _http
 from streamrag.cli.common import settings_from as _settings
 from streamrag.cli.deadletter import deadletter_app
+from streamrag.cli.schemas import schemas_app
 from streamrag.config import Settings, load_settings
 from streamrag.embed.installed import installed_embedder
 from streamrag.errors import StreamragError
@@ -58,6 +61,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(deadletter_app, name="deadletter")
+app.add_typer(schemas_app, name="schemas")
 
 
 def _live(settings: Settings, *, banner: bool) -> None:

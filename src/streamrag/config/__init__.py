@@ -48,6 +48,7 @@ from streamrag.config.answer import (
 )
 from streamrag.config.base import Frozen as _Frozen
 from streamrag.config.embedders import EmbedderSettings, EmbedderSpec
+from streamrag.config.schemas import SchemaSettings
 from streamrag.config.sources import (
     FolderSourceSettings,
     JsonlSourceSettings,
@@ -458,6 +459,7 @@ class Settings(_Frozen):
     )
     push: PushSettings = PushSettings()
     ingest: IngestSettings = IngestSettings()
+    schemas: SchemaSettings = SchemaSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     batcher: BatcherSettings = BatcherSettings()
     embedder: EmbedderSettings = EmbedderSettings()

@@ -35,6 +35,7 @@ from streamrag.eventtime import (
 from streamrag.index.base import VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
+from streamrag.ingest.schemas import schema_decoders
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
 from streamrag.runtime.push import PushJournal
@@ -154,6 +155,9 @@ def build_decoders(settings: Settings) -> DecoderSet:
     named: dict[str, RecordDecoder] = {}
     for spec in settings.sources:
         named[spec.name] = _decoder(spec, limits)
+    registry = settings.schemas.load()
+    if registry is not None:  # sources with versioned record schemas decode through them
+        named.update(schema_decoders(registry, settings.sources, **limits))
     return DecoderSet(Decoder(**limits), named)
 
 
