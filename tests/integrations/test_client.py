@@ -29,25 +29,26 @@ def client(handler: Callable[[httpx.Request], httpx.Response]) -> RetrieveClient
     )
 
 
-def error(status: int, kind: str, message: str, **headers: str) -> httpx.Response:
-    body = {"error": {"type": kind, "message": message}}
+def error(status: int, code: str, message: str, **headers: str) -> httpx.Response:
+    kind = {429: "rate_limit_error", 500: "server_error"}.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return httpx.Response(status, content=json.dumps(body), headers=headers)
 
 
 def test_a_full_server_is_an_overloaded_error_with_its_retry_after() -> None:
-    c = client(lambda _: error(429, "OverloadedError", "the job is busy", **{"Retry-After": "7"}))
+    c = client(lambda _: error(429, "overloaded", "the job is busy", **{"Retry-After": "7"}))
     with pytest.raises(OverloadedError, match="the job is busy") as info:
         c.retrieve("q")
     assert info.value.retry_after_s == 7
 
 
 def test_an_internal_error_is_a_streamrag_error_and_not_the_querys_fault() -> None:
-    msg = "KeyError while answering /v1/retrieve; the server logged it"
-    c = client(lambda _: error(500, "InternalError", msg))
-    with pytest.raises(StreamragError, match="the server logged it") as info:
+    msg = "the server failed while answering /v1/retrieve; its log has the details"
+    c = client(lambda _: error(500, "internal_error", msg))
+    with pytest.raises(StreamragError, match="its log has the details") as info:
         c.retrieve("q")
     assert not isinstance(info.value, QueryError)
-    assert f"streamrag at {URL} answered 500 InternalError" in str(info.value)
+    assert f"streamrag at {URL} answered 500 internal_error" in str(info.value)
 
 
 def test_answers_from_something_else_say_what_to_fix() -> None:

@@ -90,7 +90,7 @@ def test_filters_as_of_time_range_and_epoch_reach_the_server(served: Served) -> 
 def test_a_refused_query_raises_the_servers_error_with_its_message(served: Served) -> None:
     with pytest.raises(QueryError, match=r"epoch 1000000 is not committed yet") as info:
         retriever(served, epoch=1_000_000).retrieve(Q)
-    assert "answered 400 QueryError" in str(info.value)
+    assert "answered 400 query_error" in str(info.value)
     with pytest.raises(RequestError, match=r"tenant is blank"):
         retriever(served, filters={"tenant": " "}).retrieve(Q)
     with pytest.raises(ArgumentError, match=r"k=0; ask for at least one chunk"):

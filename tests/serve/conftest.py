@@ -56,7 +56,8 @@ class Reply:
     gate: threading.Event | None = None  # wait for this before answering
 
 
-def completion(text: str = "Hello [1]") -> dict[str, Any]:
+def completion(text: str = "Hello [1]", finish_reason: str = "stop") -> dict[str, Any]:
+    """A whole chat completion; ``finish_reason="length"`` as when max_tokens cut it."""
     return {
         "id": "chatcmpl-x",
         "object": "chat.completion",
@@ -65,14 +66,16 @@ def completion(text: str = "Hello [1]") -> dict[str, Any]:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "finish_reason": "stop",
+                "finish_reason": finish_reason,
             }
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
     }
 
 
-def chunks(*pieces: str) -> list[str]:
+def chunks(*pieces: str, finish_reason: str = "stop") -> list[str]:
+    """A streamed chat completion: role, one chunk per piece, the finish reason, [DONE]."""
+
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return json.dumps(
             {
@@ -85,7 +88,7 @@ def chunks(*pieces: str) -> list[str]:
 
     out = [chunk({"role": "assistant", "content": None})]
     out += [chunk({"content": p}) for p in pieces]
-    out.append(chunk({}, "stop"))
+    out.append(chunk({}, finish_reason))
     out.append("[DONE]")
     return out
 

@@ -260,7 +260,8 @@ def test_window_results_are_served(tmp_path: Path, service: Service) -> None:
         assert [r["key"] for r in one["results"]] == [["default", "it"]]
         missing = c.get("/v1/windows/nope")
         assert missing.status_code == 404
-        assert missing.json()["error"]["type"] == "UnknownNameError"
+        assert missing.json()["error"]["type"] == "not_found_error"
+        assert missing.json()["error"]["code"] == "unknown_name"
         assert "per_domain_daily" in missing.json()["error"]["message"]
         status = c.get("/v1/status").json()["event_time"]
         assert status["windows"]["per_domain_daily"] == {"open": 1, "late": 0}
@@ -274,13 +275,13 @@ def test_rollback_answers_in_the_one_error_shape(tmp_path: Path) -> None:
     with TestClient(create_app(exact, manage_service=False)) as c:
         refused = c.post("/v1/admin/rollback", json={"epoch": 0})
         assert refused.status_code == 400
-        assert refused.json()["error"]["type"] == "IndexStoreError"
+        assert refused.json()["error"]["code"] == "index_refused"
         assert "index.kind: lsm" in refused.json()["error"]["message"]
     lsm = _service(tmp_path / "lsm", path, embedder=FakeEmbedder())
     with TestClient(create_app(lsm, manage_service=False)) as c:
         beyond = c.post("/v1/admin/rollback", json={"epoch": 99})
         assert beyond.status_code == 400
-        assert beyond.json()["error"]["type"] == "IndexStoreError"
+        assert beyond.json()["error"]["code"] == "index_refused"
         assert (
             c.post("/v1/admin/rollback", json={"epoch": lsm.index.epoch}).json()["changed"] is False
         )

@@ -107,7 +107,7 @@ def test_bad_changes_get_the_one_error_shape_and_nothing_is_taken(
     )
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["type"] == "RequestError"
+    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_value")
     assert "change 1" in err["message"]
     assert "non-empty 'text'" in err["message"]
     assert client.post("/v1/documents", json={"changes": []}).status_code == 422
@@ -124,4 +124,5 @@ def test_a_full_journal_answers_429_with_retry_after(
     r = client.post("/v1/documents", json={"changes": big})
     assert r.status_code == 429
     assert int(r.headers["Retry-After"]) >= 1
-    assert r.json()["error"]["type"] == "OverloadedError"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    assert r.json()["error"]["code"] == "overloaded"

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
+import rich.markup
 import typer
 from rich.console import Console
 
@@ -66,9 +67,18 @@ def http(method: str, url: str, body: Any) -> Any:
         console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
         raise typer.Exit(2) from None
     if resp.status_code >= 400:
-        console.print(f"[red]error {resp.status_code}:[/] {resp.text}")
+        console.print(f"[red]error {resp.status_code}:[/] {_reason(resp)}")
         raise typer.Exit(1)
     return resp.json()
+
+
+def _reason(resp: httpx.Response) -> str:
+    """The server's message and code, from its error body (the raw text when it has none)."""
+    try:
+        err = resp.json()["error"]
+        return rich.markup.escape(f"{err['message']} ({err['code']})")
+    except (ValueError, KeyError, TypeError):
+        return rich.markup.escape(resp.text)
 
 
 def guard(fn: Any) -> None:

@@ -17,8 +17,9 @@ ISO-8601 strings with a zone, or epoch seconds — or ``datetime``\\ s with a
 ``tzinfo``. ``time_range`` is a ``(start, end)`` pair (``None`` for an open
 end) or a ``{"start": ..., "end": ...}`` mapping.
 
-**Errors** come back as streamrag's own: the server's error body names its type
-(``QueryError``, ``ValidationError``, ``OverloadedError``, …) and the same
+**Errors** come back as streamrag's own: the server's error body (OpenAI's
+``{"error": {"message", "type", "param", "code"}}``) names a stable ``code``
+(``query_error``, ``validation_error``, ``overloaded``, …) and the matching
 class of :mod:`streamrag.errors` is raised with the server's message, followed
 by where it came from. A request that fails validation on the server raises
 :class:`~streamrag.errors.RequestError`; a 429 raises
@@ -54,11 +55,13 @@ import httpx
 
 from streamrag.errors import (
     ArgumentError,
+    AuthenticationError,
     ConfigError,
     EmbedderError,
     GeneratorError,
     IndexStoreError,
     OverloadedError,
+    PermissionDeniedError,
     QueryError,
     RequestError,
     StreamragError,
@@ -89,19 +92,23 @@ TimeRangeLike = tuple[TimeLike | None, TimeLike | None] | Mapping[str, TimeLike 
 _ROUTE = "/v1/retrieve"
 _BODY_START = 200
 
-_BY_TYPE: dict[str, type[StreamragError]] = {
-    "QueryError": QueryError,
-    "RequestError": RequestError,
-    "ValidationError": RequestError,
-    "RequestTooLarge": RequestError,
-    "UnknownNameError": UnknownNameError,
-    "IndexStoreError": IndexStoreError,
-    "CorruptStateError": IndexStoreError,
-    "ConfigError": ConfigError,
-    "EmbedderError": EmbedderError,
-    "GeneratorError": GeneratorError,
+_BY_CODE: dict[str, type[StreamragError]] = {
+    "query_error": QueryError,
+    "invalid_value": RequestError,
+    "validation_error": RequestError,
+    "request_too_large": RequestError,
+    "unknown_name": UnknownNameError,
+    "index_refused": IndexStoreError,
+    "corrupt_state": IndexStoreError,
+    "config_error": ConfigError,
+    "embedder_error": EmbedderError,
+    "llm_error": GeneratorError,
+    "llm_timeout": GeneratorError,
+    "llm_circuit_open": GeneratorError,
+    "invalid_api_key": AuthenticationError,
+    "permission_denied": PermissionDeniedError,
 }
-"""The streamrag error to raise for the ``type`` of a server's error body."""
+"""The streamrag error to raise for the ``code`` of a server's error body."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,15 +383,17 @@ class RetrieveClient:
         where = f"streamrag at {self.base_url} answered {status}"
         try:
             err = response.json()["error"]
-            kind, message = str(err["type"]), str(err["message"])
+            code, message = str(err["code"]), str(err["message"])
         except (ValueError, KeyError, TypeError):
-            kind, message = "", ""
-        if not message:
-            return self._foreign(response)
-        text = f"{message} ({where} {kind})"
-        if status == 429 or kind == "OverloadedError":
+            code, message = "", ""
+        if not message or code in ("no_such_route", "method_not_allowed"):
+            return self._foreign(response)  # a streamrag server, but base_url is off
+        cls = _BY_CODE.get(code)
+        if cls is AuthenticationError:
+            message += f"; give the server's API key as api_key or in {API_KEY_ENV}"
+        text = f"{message} ({where} {code})"
+        if status == 429 or code == "overloaded":
             return OverloadedError(text, _retry_after(response))
-        cls = _BY_TYPE.get(kind)
         if cls is None:
             cls = QueryError if 400 <= status < 500 else StreamragError
         return cls(text)

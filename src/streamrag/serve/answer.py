@@ -21,9 +21,13 @@ OpenAI chunks:
   context figures, safety decisions, the generator and whether it fell back;
 * ``("delta", {"text": ...})`` for each piece of the answer;
 * ``("done", {...})`` once, the whole response (the JSON body of a
-  non-streamed ``/v1/answer``);
+  non-streamed ``/v1/answer``), with ``finish_reason`` as the LLM gave it:
+  ``stop``, or ``length`` when the answer was cut at ``max_tokens``
+  (an extractive answer is always whole: ``stop``);
 * ``("error", {...})`` instead of ``done`` if the LLM fails after it started
-  writing (text already sent cannot be replaced by a fallback).
+  writing (text already sent cannot be replaced by a fallback): the request
+  id, the text sent so far (``partial``) and ``error``, the object of every
+  error response (:func:`~streamrag.serve.errors.error_object`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from streamrag.runtime.service import Service
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import CacheHit, CacheScope, SemanticCache
 from streamrag.serve.context import Context, Reranker, merge_adjacent, select
+from streamrag.serve.errors import error_object, kind_of
 from streamrag.serve.extractive import extractive_answer
 from streamrag.serve.generator import ChatClient, Delta
 from streamrag.serve.prompt import build_messages
@@ -111,7 +116,7 @@ class Answerer:
             if kind == "done":
                 done = payload
             elif kind == "error":
-                raise GeneratorError(payload["message"])
+                raise GeneratorError(payload["error"]["message"])
         assert done is not None
         return done
 
@@ -146,6 +151,7 @@ class Answerer:
         }
         pieces: list[str] = []
         usage: Any = None
+        finish: str | None = None
         fallback: str | None = None
         deltas: AsyncGenerator[Delta, None] | None = None
         first: Delta | None = None
@@ -182,17 +188,21 @@ class Answerer:
                 if first is not None:
                     model = first.model or model
                     usage = first.usage or usage
+                    finish = first.finish_reason or finish
                     if first.text:
                         pieces.append(first.text)
                         yield "delta", {"text": first.text}
                     async for d in deltas:
                         usage = d.usage or usage
+                        finish = d.finish_reason or finish
                         if d.text:
                             pieces.append(d.text)
                             yield "delta", {"text": d.text}
             except GeneratorError as exc:
                 self._count("llm", "broken")
-                yield "error", {"id": rid, "message": str(exc), "partial": "".join(pieces)}
+                kind = kind_of(exc)
+                error = error_object(str(exc), code=kind.code, type=kind.type)
+                yield "error", {"id": rid, "partial": "".join(pieces), "error": error}
                 return
             finally:
                 await deltas.aclose()
@@ -200,6 +210,7 @@ class Answerer:
             **meta,
             "model": model,
             "answer": "".join(pieces),
+            "finish_reason": finish or "stop",
             "usage": dict(usage) if usage else None,
         }
         self._count(generator, "fallback" if fallback else "answered")
@@ -254,7 +265,8 @@ class Answerer:
 
     def _cached(self, hit: CacheHit, rid: str, started: float) -> list[Event]:
         value = dict(hit.value)
-        meta = {k: v for k, v in value.items() if k not in ("answer", "usage", "took_ms", "model")}
+        done_only = ("answer", "finish_reason", "usage", "took_ms", "model")
+        meta = {k: v for k, v in value.items() if k not in done_only}
         meta.update(id=rid, cached=hit.kind, model=value.get("model"))
         done = {
             **value,

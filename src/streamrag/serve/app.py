@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streamrag.errors import IndexStoreError, OverloadedError, StateError, StreamragError
 from streamrag.eventtime import NamedWindow, WindowResult
@@ -38,7 +39,7 @@ from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import SemanticCache
 from streamrag.serve.context import load_reranker
-from streamrag.serve.errors import BodyLimit, error_response, validation_body
+from streamrag.serve.errors import BodyLimit, error_response, http_error_body, validation_body
 from streamrag.serve.generator import ChatClient
 from streamrag.serve.openai_api import router as openai_router
 from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
@@ -112,8 +113,18 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
-        body = validation_body(exc.errors())
+        body = validation_body(exc.errors(), located=True)
         return Response(encode_json(body), status_code=422, media_type="application/json")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        body = http_error_body(exc.status_code, _http_message(request, exc))
+        return Response(
+            encode_json(body),
+            status_code=exc.status_code,
+            media_type="application/json",
+            headers=exc.headers,
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -319,6 +330,17 @@ def build_answerer(service: Service, batcher: QueryBatcher) -> Answerer:
         audit=AuditLog(settings.audit_log_path, clock=service.clock),
         metrics=service.metrics,
     )
+
+
+def _http_message(request: Request, exc: StarletteHTTPException) -> str:
+    """What to do about an HTTP error of routing: no such route, or the wrong method."""
+    route = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        return f"there is no route {route}; the routes are listed at /docs and /openapi.json"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "another method")
+        return f"{route} is not allowed; this path takes {allowed}"
+    return f"{route}: {exc.detail}"
 
 
 def _answers_status(answerer: Answerer) -> dict[str, Any]:

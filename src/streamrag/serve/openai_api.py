@@ -272,7 +272,7 @@ def _completion(done: dict[str, Any], model: str, created: int) -> dict[str, Any
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": done["answer"]},
-                "finish_reason": "stop",
+                "finish_reason": done.get("finish_reason") or "stop",
             }
         ],
         "usage": _usage(done),
@@ -308,7 +308,8 @@ async def _chunks(
             if kind == "delta":
                 yield chunk({"content": payload["text"]}, None)
             elif kind == "done":
-                yield chunk({}, "stop", streamrag=_streamrag_block(payload))
+                finish = payload.get("finish_reason") or "stop"
+                yield chunk({}, finish, streamrag=_streamrag_block(payload))
                 if include_usage:
                     yield sse(
                         {
@@ -321,7 +322,7 @@ async def _chunks(
                         }
                     )
             elif kind == "error":
-                yield sse({"error": {"message": payload["message"], "type": "generator_error"}})
+                yield sse({"error": payload["error"]})  # the error object of every route
     finally:
         await events.aclose()
     yield sse("[DONE]")

@@ -13,9 +13,17 @@ limit gets a 422 that names the limit. The body itself is bounded by
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from streamrag.errors import RequestError
 from streamrag.timing import parse_timestamp
@@ -136,26 +144,41 @@ class Filters(_Model):
         return value
 
 
+_EPOCH_S_BOUND = 253_402_300_799
+"""The largest epoch seconds :func:`~streamrag.timing.parse_timestamp` takes (9999-12-31)."""
+
+EventTime = Annotated[
+    int,
+    BeforeValidator(parse_timestamp),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "date-time"},
+                {"type": "number", "minimum": -_EPOCH_S_BOUND, "maximum": _EPOCH_S_BOUND},
+            ]
+        }
+    ),
+]
+"""An event time as requests send it: ISO-8601 with a zone, or epoch seconds (int or float).
+
+Parsed to microseconds since the epoch (:func:`~streamrag.timing.parse_timestamp`);
+the API description shows what is sent, not the integer it becomes.
+"""
+
+
 class TimeRange(_Model):
     """A half-open range ``[start, end)`` on the documents' event time."""
 
-    start: int | None = Field(
+    start: EventTime | None = Field(
         None,
         description="ISO-8601 time with a zone, or epoch seconds; omitted = unbounded.",
         examples=["2024-05-01T00:00:00Z"],
     )
-    end: int | None = Field(
+    end: EventTime | None = Field(
         None,
         description="ISO-8601 time with a zone, or epoch seconds; omitted = unbounded.",
         examples=["2024-06-01T00:00:00Z"],
     )
-
-    @field_validator("start", "end", mode="before")
-    @classmethod
-    def _parse(cls, value: Any) -> int | None:
-        if value is None:
-            return None
-        return parse_timestamp(value)
 
 
 class RetrievalOptions(_Model):
@@ -164,7 +187,7 @@ class RetrievalOptions(_Model):
     k: int = Field(5, ge=1, description="How many chunks to return.", examples=[5])
     filters: Filters = Field(default_factory=Filters, description="Tenant, domain, doc id.")
     time_range: TimeRange | None = Field(None, description="Event-time range of documents.")
-    as_of: int | None = Field(
+    as_of: EventTime | None = Field(
         None,
         description="Answer with the documents as they were at this event time (ISO-8601 with "
         "a zone, or epoch seconds), within the index's retained history.",
@@ -176,13 +199,6 @@ class RetrievalOptions(_Model):
         description="Read this exact committed epoch (reproducible answers).",
         examples=[42],
     )
-
-    @field_validator("as_of", mode="before")
-    @classmethod
-    def _parse_as_of(cls, value: Any) -> int | None:
-        if value is None:
-            return None
-        return parse_timestamp(value)
 
 
 class RetrieveRequest(RetrievalOptions):
