@@ -11,6 +11,8 @@ Examples::
     streamrag query "how do I rotate the database password?" -k 3
     streamrag ask "how do I rotate the database password?"
     streamrag status
+    streamrag audit verify --config job.yaml        # the epoch audit log, and the index against it
+    streamrag audit show --epoch 12                 # one epoch's audit record
     streamrag deadletter list --stage decode       # refused records, with ids and reasons
     streamrag deadletter show 3                     # one record, raw input included
     streamrag deadletter replay 3 4                 # re-inject them (or --file fixed.jsonl)
@@ -34,6 +36,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from streamrag.cli.audit import audit_app
 from streamrag.cli.common import (
     DEFAULT_URL,
     HostOption,
@@ -60,6 +63,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(audit_app, name="audit")
 app.add_typer(deadletter_app, name="deadletter")
 app.add_typer(schemas_app, name="schemas")
 

@@ -46,6 +46,7 @@ from streamrag.config.answer import (
     LLMSettings,
     SafetySettings,
 )
+from streamrag.config.audit import AuditSettings
 from streamrag.config.base import Frozen as _Frozen
 from streamrag.config.embedders import EmbedderSettings, EmbedderSpec
 from streamrag.config.schemas import SchemaSettings
@@ -464,6 +465,7 @@ class Settings(_Frozen):
     batcher: BatcherSettings = BatcherSettings()
     embedder: EmbedderSettings = EmbedderSettings()
     index: IndexSettings = IndexSettings()
+    audit: AuditSettings = AuditSettings()
     event_time: EventTimeSettings = EventTimeSettings()
     serve: ServeSettings = ServeSettings()
     llm: LLMSettings = LLMSettings()

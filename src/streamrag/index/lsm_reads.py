@@ -11,7 +11,7 @@ the gauges of the latest manifest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,7 @@ from streamrag.index.base import DocState, Hit, IndexStats, SearchFilter, check_
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import search_segments
+from streamrag.index.segment import Rows
 from streamrag.index.versions import is_newer
 from streamrag.timing import Timestamp
 
@@ -161,6 +162,23 @@ class LsmReads(LsmState):
                 )
                 out.append((hit, seg.vectors[r].copy()))
         return out
+
+    def stored_rows(self, block: int = 8192) -> Iterator[Rows]:
+        """Copies of every row the latest manifest's segments hold, ``block`` at a time.
+
+        Every row, whatever its stamps: versions that ended, rows a rollback
+        undid and copies alike (each keeps the ``committed`` epoch of its
+        version). For audits, which recompute what each epoch stored.
+        """
+        for view in self._manifest.views:
+            seg, n = view.segment, view.rows
+            for lo in range(0, n, block):
+                yield seg.take(np.arange(lo, min(n, lo + block)))
+
+    def stored_deletes(self) -> list[tuple[str, str, Timestamp, int, int]]:
+        """Every tombstone the index holds: tenant, doc id, event time, offset and epoch."""
+        with self._lock:
+            return list(self._deletes)
 
     def health(self) -> IndexHealth:
         """Gauges of the latest manifest: segments, tombstones, bytes, compactions."""

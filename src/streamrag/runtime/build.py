@@ -10,7 +10,8 @@ embedder retries, the index, and the pipeline over them.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
@@ -36,6 +37,7 @@ from streamrag.index.base import VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
 from streamrag.ingest.schemas import schema_decoders
+from streamrag.runtime.audit import EpochAudit, EpochAuditLog, pipeline_identity
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
 from streamrag.runtime.push import PushJournal
@@ -48,6 +50,7 @@ __all__ = [
     "build_batcher",
     "build_choice",
     "build_decoders",
+    "build_epoch_audit",
     "build_event_time",
     "build_pipeline",
     "build_source",
@@ -97,6 +100,33 @@ def build_pipeline(
         window_side_output=settings.event_time.late_to_dead_letter,
         choice=choice,
     )
+
+
+def build_epoch_audit(
+    settings: Settings,
+    pipeline: Pipeline,
+    generation: Callable[[], int],
+    environ: Mapping[str, str] | None = None,
+) -> EpochAudit | None:
+    """The epoch audit log (``audit.*``) attached to ``pipeline``; None when it is off.
+
+    ``generation`` says which index generation serves; the signing secret is
+    read from ``environ`` (the process environment by default). Attaching
+    appends what a crash left in the index first.
+    """
+    audit = settings.audit
+    if not audit.enabled:
+        return None
+    key = audit.secret(os.environ if environ is None else environ)
+    made = EpochAudit(
+        EpochAuditLog(audit.log_path(settings.state_dir), fsync=audit.fsync),
+        clock=pipeline.clock,
+        generation=generation,
+        pipeline=pipeline_identity(settings.model_dump(mode="json")),
+        key=key,
+    )
+    made.attach(pipeline)
+    return made
 
 
 def build_source(settings: Settings, push: PushJournal | None = None) -> Source:

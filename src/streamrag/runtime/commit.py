@@ -314,6 +314,10 @@ class Committer:
         first (:mod:`streamrag.runtime.generations`)."""
         self.lock = threading.RLock()
         """Held for a whole commit: a switch of generation happens between two commits."""
+        self.seal: Callable[[CommitBatch, PendingBatch, VectorIndex], CommitBatch] = _as_is
+        """Called with each batch just before it is committed (after the mirrors); what it
+        returns is committed: the audit log writes the epoch's record into its cursor
+        (:mod:`streamrag.runtime.audit`)."""
 
     def apply(self, pending: PendingBatch, capture: Callable[[], Cursor], step: int) -> Committed:
         """Commit one micro-batch; ``capture`` takes the cursor, ``step`` sizes embed calls."""
@@ -364,19 +368,10 @@ class Committer:
         cursor.audit = self._audit(p, pending, delta)
         if letters:
             self.store_letters(letters)  # before the commit (see "Why exactly once")
-        batch = CommitBatch(
-            docs=p.docs,
-            chunk_ids=np.asarray(p.ids, dtype=np.int64),
-            positions=np.asarray(p.positions, dtype=np.int32),
-            texts=p.texts,
-            hashes=p.hashes,
-            vectors=vectors,
-            embedder_version=configured,
-            chunk_embedders=None if all(v == configured for v in made_by) else made_by,
-            cursor=cursor.to_mapping(),
-        )
+        batch = _batch(p, vectors, configured, made_by, cursor)
         for mirror in self.mirrors:  # first: see streamrag.runtime.generations
             mirror(batch)
+        batch = self.seal(batch, pending, index)  # after the mirrors: the serving epoch's record
         result = index.commit(batch)
         delta["stale"] += result.stale_docs
         return Committed(pending, batch, result, cursor, letters, delta)
@@ -397,6 +392,27 @@ class Committer:
             "embedder": self.embedding.embedder.version,
             "embedder_in_use": self.embedding.choice.in_use,
         }
+
+
+def _batch(
+    p: Plan, vectors: npt.NDArray[np.float32], configured: str, made_by: list[str], cursor: Cursor
+) -> CommitBatch:
+    """Step 4: the commit of the plan's documents and chunks, with the cursor."""
+    return CommitBatch(
+        docs=p.docs,
+        chunk_ids=np.asarray(p.ids, dtype=np.int64),
+        positions=np.asarray(p.positions, dtype=np.int32),
+        texts=p.texts,
+        hashes=p.hashes,
+        vectors=vectors,
+        embedder_version=configured,
+        chunk_embedders=None if all(v == configured for v in made_by) else made_by,
+        cursor=cursor.to_mapping(),
+    )
+
+
+def _as_is(batch: CommitBatch, pending: PendingBatch, index: VectorIndex) -> CommitBatch:
+    return batch
 
 
 def _set_poison_aside(

@@ -23,11 +23,24 @@ from threadpoolctl import threadpool_limits
 from streamrag.config import Settings
 from streamrag.embed.base import Embedder, Loadable
 from streamrag.embed.choice import EmbedderChoice
-from streamrag.errors import ConfigError, OverloadedError, StateError
-from streamrag.index.base import Closeable, Hit, SearchFilter, SupportsHealth, VectorIndex
+from streamrag.errors import ConfigError, IndexStoreError, OverloadedError, StateError
+from streamrag.index.base import (
+    Closeable,
+    Hit,
+    SearchFilter,
+    SupportsHealth,
+    SupportsRollback,
+    VectorIndex,
+)
 from streamrag.index.factory import build_index
 from streamrag.ingest import Decoder
-from streamrag.runtime.build import build_choice, build_event_time, build_pipeline, embedder_from
+from streamrag.runtime.build import (
+    build_choice,
+    build_epoch_audit,
+    build_event_time,
+    build_pipeline,
+    embedder_from,
+)
 from streamrag.runtime.cursor import Cursor
 from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
@@ -94,6 +107,8 @@ class Service:
             push=self.journal,
             choice=self.serving.choice,
         )
+        # One hash-chained record per committed epoch, and what a crash left to append.
+        self.audit = build_epoch_audit(settings, self.pipeline, lambda: self.serving.number)
         self.reindexer = Reindexer(self)
         for entry in self.book.others() if self.book is not None else []:
             self._attach(self._open(entry.number, entry))
@@ -278,6 +293,20 @@ class Service:
         for gen in [self.serving, *self._others.values()]:
             if isinstance(gen.index, Closeable):
                 gen.index.close()
+
+    def rollback(self, epoch: int) -> int:
+        """Make epoch ``epoch``'s documents current again as a new epoch; returns it.
+
+        It happens between two commits, and the audit log records it.
+        """
+        index = self.index
+        if not isinstance(index, SupportsRollback):
+            msg = "this index keeps no history to roll back to; use index.kind: lsm"
+            raise IndexStoreError(msg)
+        with self.pipeline.committer.lock:
+            if self.audit is None:
+                return index.rollback(epoch)
+            return self.audit.rollback(self.index, epoch)
 
     # -- pushing changes ---------------------------------------------------------
 

@@ -249,7 +249,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         if not isinstance(index, SupportsRollback):
             msg = "this index keeps no history to roll back to; use index.kind: lsm"
             raise IndexStoreError(msg)
-        epoch = await run_in_threadpool(index.rollback, body.epoch)  # IndexStoreError: a 400
+        epoch = await run_in_threadpool(service.rollback, body.epoch)  # IndexStoreError: a 400
         if epoch == body.epoch:  # it was the latest epoch already
             msg = f"epoch {epoch} is the latest epoch: there is nothing to roll back"
             return JSONResponse(
