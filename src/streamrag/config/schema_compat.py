@@ -231,7 +231,7 @@ def check_version(schema: Schema) -> list[Break]:
                 brk(
                     name,
                     "default-type",
-                    f"default {f.default!r} is not a {f.shown_type}",
+                    f"default {f.default!r} is not of type {f.shown_type}",
                     f"give a default of type {f.shown_type}, or drop the default",
                 )
             )
@@ -321,7 +321,7 @@ def _step_field(
     brk: _Brk, old_version: int, old_name: str, was: SchemaField, name: str, now: SchemaField
 ) -> list[Break]:
     out = []
-    label = old_name if old_name == name else f"{old_name!r}, now {name!r},"
+    label = repr(old_name) if old_name == name else f"{old_name!r}, now {name!r},"
     if not widens(was, now):
         wider = ", ".join(sorted(WIDENS_TO[was.type] - {was.type}))
         keep = "the field nullable" if was.nullable and not now.nullable else was.type
@@ -343,14 +343,16 @@ def _step_field(
             )
         )
     if now.feeds(name) != was.feeds(old_name):
-        before = was.feeds(old_name) or "metadata"
+        before = was.feeds(old_name)
         after = now.feeds(name) or "metadata"
+        keep = f"keep role: {before}" if before else "keep it without a role (metadata)"
         out.append(
             brk(
                 name,
                 "role-changed",
-                f"field {label} fed {before} in version {old_version} and feeds {after}",
-                f"keep it feeding {before} (role: {before}), or declare a new field for {after}",
+                f"field {label} fed {before or 'metadata'} in version {old_version} and "
+                f"feeds {after}",
+                f"{keep}, and declare a new, optional field for {after}",
             )
         )
     return out

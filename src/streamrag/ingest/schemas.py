@@ -261,31 +261,33 @@ class SchemaDecoder:
         self, v: _Version, record: Mapping[str, Any], ts: Timestamp
     ) -> tuple[str, str, int, int, Any]:
         written = v.op_of(record)
+        if written is not None and written not in _OPS:
+            msg = (
+                f"{v.where(ts)}: field {v.roles['op'].name!r} feeds op: expected 'upsert' or "
+                f"'delete', found {written!r}"
+            )
+            raise DecodeError(msg)
         model = v.delete if written == "delete" else v.full
         try:
             values = model.__pydantic_validator__.validate_python(record).__dict__
         except ValidationError as exc:
             raise DecodeError(_reason(v, ts, exc)) from None
         got = {s.role: values[s.attr] for s in v.slots if s.role is not None and s.attr in values}
-        op_value = got.get("op") or "upsert"
-        op = _OPS.get(op_value)
-        if op is None:
-            name = v.roles["op"].name
-            msg = (
-                f"{v.where(ts)}: field {name!r} feeds op: expected 'upsert' or 'delete', "
-                f"found {op_value!r}"
-            )
-            raise DecodeError(msg)
+        op = _OPS[got.get("op") or "upsert"]
         tenant = got.get("tenant")
-        doc_id, tenant, payload = check_change(
-            got["doc_id"],
-            self.default_tenant if tenant is None else tenant,
-            op,
-            text=got.get("text"),
-            title=got.get("title"),
-            domain=got.get("domain"),
-            metadata=_metadata(v, values, got.get("metadata")) if op is Op.UPSERT else None,
-        )
+        try:
+            doc_id, tenant, payload = check_change(
+                got["doc_id"],
+                self.default_tenant if tenant is None else tenant,
+                op,
+                text=got.get("text"),
+                title=got.get("title"),
+                domain=got.get("domain"),
+                metadata=_metadata(v, values, got.get("metadata")) if op is Op.UPSERT else None,
+            )
+        except DecodeError as exc:
+            msg = f"{v.where(ts)}: {exc}"
+            raise DecodeError(msg) from None
         if got["event_time"] != ts:
             name = v.roles["event_time"].name
             msg = (
