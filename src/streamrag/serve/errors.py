@@ -223,6 +223,8 @@ def validation_body(errors: Sequence[Any], *, located: bool = False) -> dict[str
     shown_parts: list[str] = []
     for e, param in zip(errors, paths, strict=True):
         msg = str(e.get("msg", "")).removeprefix(_VALUE_ERROR)
+        if e.get("type") == "json_invalid":
+            msg = _not_json(e)
         fields.append({"param": param, "message": msg, "code": str(e.get("type") or "invalid")})
         shown_parts.append(f"{param}: {msg}" if param else msg)
     shown = "; ".join(shown_parts[:3])
@@ -235,6 +237,13 @@ def validation_body(errors: Sequence[Any], *, located: bool = False) -> dict[str
     )
     body["error"]["errors"] = fields
     return body
+
+
+def _not_json(e: Any) -> str:
+    """What to do about a body that does not parse (pydantic's words, or FastAPI's reason)."""
+    ctx = e.get("ctx") or {}
+    reason = str(ctx.get("error") or e.get("msg", "")).removeprefix("Invalid JSON: ")
+    return f"the body is not valid JSON ({reason}); send one JSON object"
 
 
 def _params(locs: list[tuple[Any, ...]], *, located: bool) -> list[str | None]:
