@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamrag.changes import ChangeBatch, Op
 from streamrag.config import load_settings
 from streamrag.config.schemas import Registry, load_registry
-from streamrag.errors import ConfigError
+from streamrag.errors import ConfigError, SchemaError
 from streamrag.index.base import MetaPredicate, SearchFilter
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.deadletter import DeadLetter
@@ -287,6 +289,14 @@ def test_the_event_time_is_found_under_every_name_it_had(tmp_path: Path) -> None
     assert "required field 'ts' is missing" in letters[0].reason
 
 
+def test_a_decoder_is_made_only_of_versions_that_keep_the_rules() -> None:
+    schema = load_registry(EXAMPLE).versions("tickets")[0]
+    with pytest.raises(SchemaError, match="rule version-order"):
+        SchemaDecoder("tickets", [schema, schema])
+    with pytest.raises(ConfigError, match="has no versions"):
+        SchemaDecoder("tickets", [])
+
+
 def test_sources_without_a_schema_keep_the_change_decoder(tmp_path: Path) -> None:
     settings = load_settings(
         overrides={
@@ -382,3 +392,41 @@ def test_a_job_indexes_a_stream_whose_records_change_shape(tmp_path: Path) -> No
     assert any("version 1" in r and "'body' is missing" in r for r in reasons)
     assert any("version 2" in r and "field 'priority': expected integer" in r for r in reasons)
     assert any("version 3" in r and "field 'team': expected string" in r for r in reasons)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_FIELDS = st.sampled_from(["id", "updated", "body", "text", "priority", "team", "subject"])
+_VALUES = _JSON | st.sampled_from(["2024-03-01T00:00:00Z", "2025-03-01T00:00:00Z", 1.7e9, "x"])
+
+
+_SHARED = _decoder()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.dictionaries(_FIELDS, _VALUES, max_size=7).map(lambda d: json.dumps(d).encode())
+        | st.binary(max_size=40),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_any_input_gets_exactly_one_outcome_and_never_raises(lines: list[bytes]) -> None:
+    decoder = _SHARED
+    decoder.decoded.clear()
+    decoder.refused.clear()
+    changes, letters = _decode(decoder, lines)
+    assert len(changes) + len(letters) == len(lines)
+    outcomes = sorted([*changes.offsets.tolist(), *(lt.offset for lt in letters)])
+    assert outcomes == list(range(len(lines)))
+    assert sum(decoder.decoded.values()) == len(changes)
+    assert sum(decoder.refused.values()) == len(letters)
+    for payload in changes.payloads:
+        assert dict(payload)["schema_version"] in (1, 2, 3)
+        assert dict(payload)["text"]

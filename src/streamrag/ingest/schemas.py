@@ -62,7 +62,7 @@ from streamrag.config import (
     RedisSourceSettings,
     SourceSpec,
 )
-from streamrag.config.schema_compat import match_field
+from streamrag.config.schema_compat import check_versions, match_field, raise_breaks
 from streamrag.config.schemas import Registry, Schema, SchemaField
 from streamrag.errors import ConfigError, DecodeError
 from streamrag.ingest.deadletter import DeadLetter
@@ -168,6 +168,7 @@ class SchemaDecoder:
         if not versions:
             msg = f"schema {source!r} has no versions; register one with streamrag schemas register"
             raise ConfigError(msg)
+        raise_breaks(check_versions(source, versions), f"schema {source!r}")
         self.source = source
         self.default_tenant = default_tenant
         self.max_document_bytes = max_document_bytes
