@@ -18,6 +18,9 @@ Examples::
     streamrag deadletter replay 3 4                 # re-inject them (or --file fixed.jsonl)
     streamrag schemas check --config job.yaml       # the record schemas of sources, by version
     streamrag schemas register --source tickets v4.yaml --config job.yaml
+    streamrag keys create --tenant acme --role reader   # an API key, shown once
+    streamrag keys list                             # names, tenants, roles (never hashes)
+    streamrag keys revoke acme-reader-x1y2z3        # a running server refuses it at once
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ from rich.table import Table
 from streamrag.cli.audit import audit_app
 from streamrag.cli.common import (
     DEFAULT_URL,
+    ApiKeyOption,
     HostOption,
+    InsecureOption,
     PortOption,
     SetOption,
     UrlOption,
@@ -50,6 +55,7 @@ from streamrag.cli.common import guard as _guard
 from streamrag.cli.common import http as _http
 from streamrag.cli.common import settings_from as _settings
 from streamrag.cli.deadletter import deadletter_app
+from streamrag.cli.keys import keys_app
 from streamrag.cli.schemas import schemas_app
 from streamrag.config import Settings, load_settings
 from streamrag.embed.installed import installed_embedder
@@ -66,9 +72,12 @@ app = typer.Typer(
 app.add_typer(audit_app, name="audit")
 app.add_typer(deadletter_app, name="deadletter")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(keys_app, name="keys")
+
+_TENANT_HELP = "Tenant to search (default: the API key's, or 'default' without keys)."
 
 
-def _live(settings: Settings, *, banner: bool) -> None:
+def _live(settings: Settings, *, banner: bool, insecure: bool = False) -> None:
     """Start ingesting and serving at once; show progress until caught up; run until Ctrl-C.
 
     Queries are answered from the first commit on (each reads one committed
@@ -78,8 +87,9 @@ def _live(settings: Settings, *, banner: bool) -> None:
 
     from streamrag.runtime.service import Service
     from streamrag.runtime.signals import graceful_stop, terminate_as_interrupt
-    from streamrag.serve.server import check_port, serve_forever
+    from streamrag.serve.server import check_port, check_serving, serve_forever
 
+    check_serving(settings, insecure=insecure)  # no keys: loopback only, unless --insecure
     check_port(settings.serve.host, settings.serve.port)
     console.print(f"[bold]streamrag[/] loading embedder [cyan]{settings.embedder.class_}[/] …")
     service = None
@@ -108,7 +118,7 @@ def _live(settings: Settings, *, banner: bool) -> None:
             _banner(service, host, port)
 
     threading.Thread(target=report, name="streamrag-progress", daemon=True).start()
-    serve_forever(service, host=host, port=port)
+    serve_forever(service, host=host, port=port, insecure=insecure)
     st = service.status()
     console.print(
         f"stopped at epoch {st['epoch']}: {st['counts']['applied']} changes applied, "
@@ -222,6 +232,7 @@ def demo(
     ] = None,
     host: HostOption = None,
     port: PortOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Stream the bundled sample corpus into an index and serve it.
 
@@ -257,7 +268,8 @@ def demo(
 
     def go() -> None:
         if llm == "none":
-            _live(load_settings(overrides=overrides, environ=os.environ), banner=True)
+            settings = load_settings(overrides=overrides, environ=os.environ)
+            _live(settings, banner=True, insecure=insecure)
             return
         from streamrag.serve.local_llm import LocalLLM, fetch_smollm2
 
@@ -266,7 +278,8 @@ def demo(
         with LocalLLM(model, log_path=workdir / "llm.log") as local:
             overrides.update(LOCAL_LLM_SETTINGS)
             overrides["llm.base_url"] = local.base_url
-            _live(load_settings(overrides=overrides, environ=os.environ), banner=True)
+            settings = load_settings(overrides=overrides, environ=os.environ)
+            _live(settings, banner=True, insecure=insecure)
 
     _guard(go)
 
@@ -293,6 +306,7 @@ def run(
     sets: SetOption = None,
     host: HostOption = None,
     port: PortOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the job described by CONFIG: ingest its source and serve the API.
 
@@ -311,7 +325,7 @@ def run(
                 service.stop()  # close the index: a final checkpoint when it persists
             out.print_json(json.dumps(summary))
         else:
-            _live(settings, banner=True)
+            _live(settings, banner=True, insecure=insecure)
 
     _guard(go)
 
@@ -379,12 +393,14 @@ def serve(
     sets: SetOption = None,
     host: HostOption = None,
     port: PortOption = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Serve the HTTP API over a live index of the configured source (defaults if no config).
 
+    Without API keys it serves 127.0.0.1 only (see `streamrag keys create`).
     Example: streamrag serve --set source.path=changes/ --port 8080
     """
-    _guard(lambda: _live(_settings(config, sets, host, port), banner=False))
+    _guard(lambda: _live(_settings(config, sets, host, port), banner=False, insecure=insecure))
 
 
 @app.command()
@@ -392,15 +408,16 @@ def query(
     text: Annotated[str, typer.Argument(help="The question or keywords.")],
     k: Annotated[int, typer.Option("-k", help="How many chunks.")] = 5,
     domain: Annotated[str | None, typer.Option(help="Only this domain.")] = None,
-    tenant: Annotated[str, typer.Option(help="Tenant to search.")] = "default",
+    tenant: Annotated[str | None, typer.Option(help=_TENANT_HELP)] = None,
     url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
     """Ask a running server for the chunks closest to TEXT.
 
     Example: streamrag query "rotate the database password" -k 3
     """
-    data = _http("POST", f"{url}/v1/retrieve", _query_body(text, k, tenant, domain))
+    data = _http("POST", f"{url}/v1/retrieve", _query_body(text, k, tenant, domain), api_key)
     if as_json:
         out.print_json(json.dumps(data))
         return
@@ -418,15 +435,17 @@ def ask(
     question: Annotated[str, typer.Argument(help="The question.")],
     k: Annotated[int, typer.Option("-k", help="Most passages the answer may cite.")] = 5,
     domain: Annotated[str | None, typer.Option(help="Only this domain.")] = None,
-    tenant: Annotated[str, typer.Option(help="Tenant to search.")] = "default",
+    tenant: Annotated[str | None, typer.Option(help=_TENANT_HELP)] = None,
     url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
 ) -> None:
     """Ask a running server to answer QUESTION, with citations.
 
     Example: streamrag ask "how do I rotate the database password?" -k 3
     """
-    data = _http("POST", f"{url}/v1/answer", _query_body(question, k, tenant, domain))
+    body = _query_body(question, k, tenant, domain)
+    data = _http("POST", f"{url}/v1/answer", body, api_key)
     if as_json:
         out.print_json(json.dumps(data))
         return
@@ -441,24 +460,26 @@ def ask(
 
 
 @app.command()
-def status(url: UrlOption = DEFAULT_URL) -> None:
+def status(url: UrlOption = DEFAULT_URL, api_key: ApiKeyOption = None) -> None:
     """Show a running server's epoch, watermark, counts, lag and freshness.
 
     Example: streamrag status --url http://127.0.0.1:8000
     """
-    out.print_json(json.dumps(_http("GET", f"{url}/v1/status", None)))
+    out.print_json(json.dumps(_http("GET", f"{url}/v1/status", None, api_key)))
 
 
 @app.command()
 def rollback(
     epoch: Annotated[int, typer.Argument(help="The epoch whose documents become current again.")],
     url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Make an earlier epoch's documents current again, as a new epoch (admin).
 
     Example: streamrag rollback 20 --url http://127.0.0.1:8000
     """
-    out.print_json(json.dumps(_http("POST", f"{url}/v1/admin/rollback", {"epoch": epoch})))
+    body = {"epoch": epoch}
+    out.print_json(json.dumps(_http("POST", f"{url}/v1/admin/rollback", body, api_key)))
 
 
 @app.command()
@@ -471,6 +492,7 @@ def reindex(
     switch: Annotated[bool, typer.Option(help="Serve it as soon as it is filled.")] = True,
     generation: Annotated[int | None, typer.Option(help="The generation to act on.")] = None,
     url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Change the embedding model of a running job: a new index generation, built live (admin).
 
@@ -486,21 +508,21 @@ def reindex(
             console.print(f"[red]error:[/] --args must be a JSON object: {exc}")
             raise typer.Exit(2) from None
         body = {"class": embedder, "args": kwargs, "switch": switch}
-        data = _http("POST", f"{url}/v1/admin/reindex", body)
+        data = _http("POST", f"{url}/v1/admin/reindex", body, api_key)
     elif action in routes:
         path = f"{url}/v1/admin/generations/{routes[action]}"
-        data = _http("POST", path, {"generation": generation})
+        data = _http("POST", path, {"generation": generation}, api_key)
     elif action == "status":
-        data = _http("GET", f"{url}/v1/admin/generations", None)
+        data = _http("GET", f"{url}/v1/admin/generations", None, api_key)
     else:
         console.print("[red]error:[/] give start --embedder NAME, status, switch, rollback or drop")
         raise typer.Exit(2)
     out.print_json(json.dumps(data))
 
 
-def _query_body(text: str, k: int, tenant: str, domain: str | None) -> dict[str, Any]:
+def _query_body(text: str, k: int, tenant: str | None, domain: str | None) -> dict[str, Any]:
     """The JSON body of a retrieve or answer request from the command's options."""
-    filters: dict[str, Any] = {"tenant": tenant}
+    filters: dict[str, Any] = {} if tenant is None else {"tenant": tenant}
     if domain:
         filters["domain"] = domain
     return {"query": text, "k": k, "filters": filters}

@@ -16,7 +16,9 @@ from streamrag.errors import StreamragError
 
 __all__ = [
     "DEFAULT_URL",
+    "ApiKeyOption",
     "HostOption",
+    "InsecureOption",
     "PortOption",
     "SetOption",
     "UrlOption",
@@ -39,6 +41,20 @@ SetOption = Annotated[
 HostOption = Annotated[str | None, typer.Option(help="Address to serve on (serve.host).")]
 PortOption = Annotated[int | None, typer.Option(help="Port to serve on (serve.port).")]
 UrlOption = Annotated[str, typer.Option("--url", help="Where a streamrag server listens.")]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key", envvar="STREAMRAG_API_KEY", show_default=False, help="The server's API key."
+    ),
+]
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Serve an address beyond 127.0.0.1 WITHOUT API keys: anyone who reaches it can "
+        "read and change every tenant's documents.",
+    ),
+]
 
 
 def settings_from(
@@ -59,10 +75,11 @@ def settings_from(
     return load_settings(config, overrides=overrides, environ=os.environ)
 
 
-def http(method: str, url: str, body: Any) -> Any:
-    """Call a running server; exit with its error, or say it is not running."""
+def http(method: str, url: str, body: Any, api_key: str | None = None) -> Any:
+    """Call a running server (with ``api_key`` as a bearer token); exit with its error."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        resp = httpx.request(method, url, json=body, timeout=120)
+        resp = httpx.request(method, url, json=body, headers=headers, timeout=120)
     except httpx.TransportError as exc:
         console.print(f"[red]error:[/] cannot reach {url}: {exc}. Is `streamrag serve` running?")
         raise typer.Exit(2) from None

@@ -50,6 +50,7 @@ from streamrag.config.audit import AuditSettings
 from streamrag.config.base import Frozen as _Frozen
 from streamrag.config.embedders import EmbedderSettings, EmbedderSpec
 from streamrag.config.schemas import SchemaSettings
+from streamrag.config.security import SecuritySettings
 from streamrag.config.sources import (
     FolderSourceSettings,
     JsonlSourceSettings,
@@ -470,6 +471,7 @@ class Settings(_Frozen):
     serve: ServeSettings = ServeSettings()
     llm: LLMSettings = LLMSettings()
     answer: AnswerSettings = AnswerSettings()
+    security: SecuritySettings = SecuritySettings()
 
     @model_validator(mode="after")
     def _unique_source_names(self) -> Settings:

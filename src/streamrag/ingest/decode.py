@@ -46,6 +46,8 @@ class _Record(msgspec.Struct, kw_only=True):
     title: str | None = None
     domain: str | None = None
     metadata: dict[str, Any] | None = None
+    pushed_by: str | None = None
+    """The API key's name, set by ``POST /v1/documents`` (kept in the payload for the audit)."""
 
 
 _OPS = {"upsert": Op.UPSERT, "delete": Op.DELETE}
@@ -137,7 +139,7 @@ class Decoder:
             raise DecodeError(msg) from None
         op = _OPS[rec.op]
         if op is Op.DELETE:
-            return tenant, doc_id, op, ts, {}
+            return tenant, doc_id, op, ts, {"pushed_by": rec.pushed_by} if rec.pushed_by else {}
         text = normalize_text(rec.text) if rec.text is not None else ""
         if not text:
             msg = (
@@ -152,6 +154,8 @@ class Decoder:
             payload["domain"] = rec.domain
         if rec.metadata:
             payload["metadata"] = rec.metadata
+        if rec.pushed_by:
+            payload["pushed_by"] = rec.pushed_by
         return tenant, doc_id, op, ts, payload
 
 

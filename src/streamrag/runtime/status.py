@@ -19,7 +19,7 @@ from streamrag.timing import MAX_TIMESTAMP, MIN_TIMESTAMP, US_PER_MS, US_PER_S, 
 if TYPE_CHECKING:
     from streamrag.runtime.service import Service
 
-__all__ = ["job_status"]
+__all__ = ["job_status", "tenant_status"]
 
 
 def _source(settings: Any) -> dict[str, Any]:
@@ -85,6 +85,30 @@ def job_status(service: Service) -> dict[str, Any]:
             "errors": service.runner.errors,
             "last_error": service.runner.last_error,
         },
+        "uptime_s": (now - service.started_us) / 1e6,
+    }
+
+
+def tenant_status(service: Service, tenant: str) -> dict[str, Any]:
+    """What one tenant's API key sees of the job: nothing of another tenant.
+
+    The epoch, watermark and freshness are the job's (every query's answer names
+    its epoch anyway); counts, sources, windows, paths and errors, which hold
+    other tenants' names, numbers and document ids, are left out.
+    """
+    p = service.pipeline
+    st, pending = p.counts()
+    now = service.clock.now_us()
+    return {
+        "tenant": tenant,
+        "epoch": service.index.epoch,
+        "watermark": _time(p.watermark),
+        "ingest_lag": {
+            "caught_up": p.drained and pending == 0 and p.reader.backlog_bytes() == 0,
+            "watermark_lag_s": _lag_s(p.watermark, now),
+        },
+        "freshness": _freshness(st, now),
+        "embedder": service.embedder.version,
         "uptime_s": (now - service.started_us) / 1e6,
     }
 

@@ -31,16 +31,34 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from streamrag.errors import IndexStoreError, OverloadedError, StateError, StreamragError
+from streamrag.errors import (
+    IndexStoreError,
+    OverloadedError,
+    PermissionDeniedError,
+    StateError,
+    StreamragError,
+)
 from streamrag.eventtime import NamedWindow, WindowResult
 from streamrag.index.base import SupportsRollback
 from streamrag.runtime.service import Service
+from streamrag.runtime.status import tenant_status
 from streamrag.serve.answer import Answerer, Event, Question
+from streamrag.serve.auth import (
+    AuthASGI,
+    KeyRing,
+    Principal,
+    document_security,
+    key_max_k,
+    principal_of,
+    stamp_changes,
+    window_rows,
+)
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import SemanticCache
 from streamrag.serve.context import load_reranker
 from streamrag.serve.errors import BodyLimit, error_response, http_error_body, validation_body
 from streamrag.serve.generator import ChatClient
+from streamrag.serve.limits import KeyLimiter
 from streamrag.serve.openai_api import router as openai_router
 from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
 from streamrag.serve.safety import AuditLog
@@ -150,13 +168,21 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         Served by :class:`~streamrag.serve.retrieve.RetrieveASGI` ahead of routing;
         this route documents it and answers the same way without the middleware.
         """
-        status, data = await answer(await request.body(), request.app.state.batcher, max_k)
+        body = await request.body()
+        batcher = request.app.state.batcher
+        status, data = await answer(body, batcher, max_k, principal_of(request))
         return Response(data, status_code=status, media_type="application/json")
 
     app.add_middleware(RetrieveASGI, max_k=max_k)
+    # API keys, roles and per-key limits, ahead of the retrieve fast path and every route.
+    keys = app.state.keys = KeyRing.from_settings(service.settings, service.clock)
+    metrics_public = service.settings.security.metrics == "public"
+    limiter = KeyLimiter(service.clock)
+    app.add_middleware(AuthASGI, keys=keys, limiter=limiter, metrics_public=metrics_public)
     # Outermost: no route ever reads more than serve.max_body_bytes.
     app.add_middleware(BodyLimit, max_bytes=service.settings.serve.max_body_bytes)
     _add_schema(app, RetrieveRequest)
+    document_security(app, keys)
 
     @app.post("/v1/answer", response_model=None)
     async def answer_question(body: AnswerRequest, request: Request) -> Response:
@@ -167,11 +193,12 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         then ``done`` (the whole response) — or ``error`` if the LLM broke off.
         """
         answerer: Answerer = request.app.state.answerer
-        check_k(body.k, max_k)
+        principal = principal_of(request)
+        check_k(body.k, key_max_k(principal, max_k))
         q = Question(
             body.query,
             body.k,
-            search_filter(body),
+            search_filter(body, principal),
             max_tokens=body.max_tokens,
             temperature=body.temperature,
             use_cache=body.cache,
@@ -187,16 +214,17 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     app.include_router(openai_router)
 
     @app.post("/v1/documents", status_code=202)
-    async def push_documents(body: PushRequest) -> Response:
+    async def push_documents(body: PushRequest, request: Request) -> Response:
         """Upsert and delete documents: journaled (fsynced) before the answer.
 
         202 once journaled; with ``wait_for_commit``, 200 once committed, with
         the epoch that made the changes visible. 429 with ``Retry-After`` while
         the pipeline is too far behind; 400 naming the bad changes (none is taken).
         """
+        changes = stamp_changes(principal_of(request), body.changes)  # tenant, pushed_by
         receipt = await run_in_threadpool(
             service.push,
-            body.changes,
+            changes,
             wait_for_commit=body.wait_for_commit,
             timeout_s=body.timeout_s,
         )
@@ -205,7 +233,14 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     @app.get("/v1/status")
     async def status(request: Request) -> Response:
-        """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness."""
+        """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness.
+
+        A key that is not an admin's sees its tenant's view (``tenant_status``).
+        """
+        principal = principal_of(request)
+        if principal is not None and not principal.is_admin:
+            body = tenant_status(service, principal.tenant)
+            return Response(encode_json(body), media_type="application/json")
         body = service.status()
         answerer: Answerer | None = getattr(request.app.state, "answerer", None)
         if answerer is not None:
@@ -213,24 +248,40 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         return Response(encode_json(body), media_type="application/json")
 
     @app.get("/v1/windows")
-    async def windows() -> Response:
-        """Every window aggregation: its definition, watermark and latest results."""
+    async def windows(request: Request) -> Response:
+        """Every window aggregation: its definition, watermark and latest results.
+
+        With API keys, a key sees the rows of its tenant (windows keyed by tenant);
+        windows keyed otherwise mix tenants and only admin keys see them.
+        """
         stage = service.pipeline.event_time
+        principal = principal_of(request)
+        shown = [(w, window_rows(principal, w, stage.results(w.name))) for w in stage.windows]
         body = {
             "watermark": service.status()["event_time"]["watermark"],
             "windows": {
-                w.name: _window_body(w, stage.results(w.name), None) for w in stage.windows
+                w.name: _window_body(w, rows, None, principal)
+                for w, rows in shown
+                if rows is not None
             },
         }
         return Response(encode_json(body), media_type="application/json")
 
     @app.get("/v1/windows/{name}")
-    async def window(name: str, key: str | None = None) -> Response:
+    async def window(request: Request, name: str, key: str | None = None) -> Response:
         """One aggregation's latest results, oldest window first; ``key`` keeps one key."""
         stage = service.pipeline.event_time
         results = stage.results(name)  # an unknown name: UnknownNameError, a 404
         found = next(w for w in stage.windows if w.name == name)
-        body = _window_body(found, results, key)
+        principal = principal_of(request)
+        rows = window_rows(principal, found, results)
+        if rows is None:
+            msg = (
+                f"the window {name!r} is keyed by {list(found.key)}, not by tenant: its rows "
+                "mix tenants, and only admin keys may read it"
+            )
+            raise PermissionDeniedError(msg)
+        body = _window_body(found, rows, key, principal)
         return Response(encode_json(body), media_type="application/json")
 
     @app.get("/metrics")
@@ -367,8 +418,13 @@ async def _answer_events(first: Event, events: AsyncGenerator[Event, None]) -> A
         await events.aclose()
 
 
-def _window_body(w: NamedWindow, results: list[WindowResult], key: str | None) -> dict[str, Any]:
-    """One aggregation as JSON: what it computes and its latest result per window."""
+def _window_body(
+    w: NamedWindow, results: list[WindowResult], key: str | None, principal: Principal | None
+) -> dict[str, Any]:
+    """One aggregation as JSON: what it computes and its latest result per window.
+
+    ``open_windows`` counts every tenant's windows: a key that is not an admin's gets None.
+    """
     rows = []
     for r in results:
         shown = list(r.key) if isinstance(r.key, tuple) else r.key
@@ -392,7 +448,7 @@ def _window_body(w: NamedWindow, results: list[WindowResult], key: str | None) -
         "key": list(w.key),
         "value": w.value,
         "allowed_lateness_ms": op.allowed_lateness_us / 1000,
-        "open_windows": op.open_windows,
+        "open_windows": op.open_windows if principal is None or principal.is_admin else None,
         "results": rows,
     }
 

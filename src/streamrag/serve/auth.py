@@ -58,14 +58,16 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastapi.routing import iter_route_contexts
 from starlette.requests import HTTPConnection
-from starlette.routing import Match
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from streamrag.config import Settings
@@ -99,6 +101,7 @@ __all__ = [
     "presented_key",
     "principal_of",
     "request_tenant",
+    "route_paths",
     "stamp_changes",
     "window_rows",
 ]
@@ -315,7 +318,7 @@ class AuthASGI:
         if metrics_public:
             self.roles["/metrics"] = OPEN
         self._exact: dict[str, str] | None = None
-        self._templated: list[Any] = []
+        self._templated: list[tuple[re.Pattern[str], str]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check one HTTP request, then pass it on (or answer 401, 403 or 429)."""
@@ -372,23 +375,24 @@ class AuthASGI:
         found = self._exact.get(path)
         if found is not None:
             return found
-        for route in self._templated:
-            match, _ = route.matches(scope)
-            if match is not Match.NONE:
-                return str(route.path)
+        for regex, template in self._templated:
+            if regex.match(path):
+                return template
         return None
 
     def _index(self, routes: Sequence[Any]) -> None:
         exact: dict[str, str] = {}
-        for route in routes:
-            path = getattr(route, "path", None)
-            if not isinstance(path, str):
-                continue
+        for path in route_paths(routes):
             if "{" in path:
-                self._templated.append(route)
+                self._templated.append((compile_path(path)[0], path))
             else:
                 exact.setdefault(path, path)
         self._exact = exact
+
+
+def route_paths(routes: Sequence[Any]) -> list[str]:
+    """The path of every route, those of included routers too (FastAPI nests them)."""
+    return [p for rc in iter_route_contexts(routes) if isinstance(p := rc.path, str)]
 
 
 async def _refuse(exc: StreamragError, send: Send) -> None:

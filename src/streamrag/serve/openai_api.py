@@ -46,6 +46,7 @@ from starlette.concurrency import run_in_threadpool
 from streamrag.embed.base import CountsTokens
 from streamrag.errors import QueryError, RequestError
 from streamrag.serve.answer import Answerer, Event, Question
+from streamrag.serve.auth import Principal, key_max_k, principal_of
 from streamrag.serve.retrieve import check_k, encode_json, search_filter
 from streamrag.serve.schemas import MAX_QUERY_CHARS, ChatCompletionRequest, EmbeddingsRequest
 from streamrag.serve.sse import SSE_HEADERS, sse
@@ -67,8 +68,9 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI's chat completion, answered from the index (streamed with ``stream: true``)."""
     answerer: Answerer = request.app.state.answerer
-    check_k(body.streamrag.k, answerer.max_k)
-    q = _question(body)
+    principal = principal_of(request)
+    check_k(body.streamrag.k, key_max_k(principal, answerer.max_k))
+    q = _question(body, principal)
     created = int(time.time())
     model = body.model or MODEL_ID
     if not body.stream:
@@ -134,7 +136,7 @@ async def models() -> dict[str, Any]:
     }
 
 
-def _question(body: ChatCompletionRequest) -> Question:
+def _question(body: ChatCompletionRequest, principal: Principal | None) -> Question:
     last_user = max((i for i, m in enumerate(body.messages) if m.role == "user"), default=None)
     if last_user is None or not body.messages[last_user].text().strip():
         msg = "messages hold no user message with text; the last user message is the question"
@@ -151,7 +153,7 @@ def _question(body: ChatCompletionRequest) -> Question:
     return Question(
         text=body.messages[last_user].text(),
         k=opts.k,
-        flt=search_filter(opts),
+        flt=search_filter(opts, principal),
         history=history,
         system=system or None,
         max_tokens=body.max_completion_tokens or body.max_tokens,

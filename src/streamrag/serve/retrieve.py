@@ -20,8 +20,9 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from streamrag.chunking import chunk_id_text
-from streamrag.errors import QueryError
+from streamrag.errors import PermissionDeniedError, QueryError
 from streamrag.index.base import Hit, MetaPredicate, SearchFilter
+from streamrag.serve.auth import Principal, key_max_k, principal_of, request_tenant
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.errors import error_response
 from streamrag.serve.schemas import MetaRange, RetrievalOptions, RetrieveRequest
@@ -34,16 +35,18 @@ encode_json = msgspec.json.Encoder().encode
 _JSON = [(b"content-type", b"application/json")]
 
 
-async def answer(body: bytes, batcher: QueryBatcher, max_k: int) -> tuple[int, bytes]:
-    """Answer one retrieve request body: ``(HTTP status, JSON bytes)``."""
+async def answer(
+    body: bytes, batcher: QueryBatcher, max_k: int, principal: Principal | None
+) -> tuple[int, bytes]:
+    """Answer one retrieve request body: ``(HTTP status, JSON bytes)``, as ``principal`` may."""
     started = time.perf_counter()
     try:
         req = RetrieveRequest.model_validate_json(body)
-        check_k(req.k, max_k)
-        flt = search_filter(req)
+        check_k(req.k, key_max_k(principal, max_k))
+        flt = search_filter(req, principal)
         # A QueryError here is found at search time: an epoch or as_of outside history.
         epoch, hits, _, generation = await batcher.retrieve_read(req.query, req.k, flt)
-    except (ValidationError, QueryError) as exc:
+    except (ValidationError, QueryError, PermissionDeniedError) as exc:
         return error_response(exc)
     payload = {
         "epoch": epoch,
@@ -77,7 +80,7 @@ class RetrieveASGI:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         batcher: QueryBatcher = scope["app"].state.batcher  # set by Starlette before middleware
-        status, data = await answer(b"".join(chunks), batcher, self.max_k)
+        status, data = await answer(b"".join(chunks), batcher, self.max_k, principal_of(scope))
         await send({"type": "http.response.start", "status": status, "headers": _JSON})
         await send({"type": "http.response.body", "body": data})
 
@@ -95,12 +98,16 @@ def check_k(k: int, max_k: int) -> None:
         raise QueryError(msg)
 
 
-def search_filter(req: RetrievalOptions) -> SearchFilter:
-    """The index filter a request's options describe (raises QueryError when impossible)."""
+def search_filter(req: RetrievalOptions, principal: Principal | None) -> SearchFilter:
+    """The index filter a request's options describe (raises QueryError when impossible).
+
+    With an API key (``principal``) the tenant is the key's, whatever the request
+    says (:func:`~streamrag.serve.auth.request_tenant`); without one, the request's.
+    """
     f = req.filters
     tr = req.time_range
     return SearchFilter(
-        tenant=f.tenant,
+        tenant=request_tenant(principal, f),
         domains=_as_set(f.domain),
         doc_ids=_as_set(f.doc_id),
         start_us=tr.start if tr else None,

@@ -5,6 +5,10 @@ finishes those in flight and runs the app's shutdown, which stops the query
 worker; :func:`serve_forever` then stops the service, committing what is
 pending, before it returns. A signal during that last step exits at once
 (:mod:`streamrag.runtime.signals`).
+
+Without API keys it serves only a loopback address, and says so on stderr; any
+other address is refused unless ``insecure`` (``--insecure``), which is warned
+about loudly (:func:`~streamrag.serve.auth.check_bind`).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from types import FrameType
 
 import uvicorn
 
+from streamrag.config import Settings
 from streamrag.errors import ConfigError
 from streamrag.runtime.service import Service
 from streamrag.runtime.signals import graceful_stop
 from streamrag.serve.app import create_app
+from streamrag.serve.auth import KeyRing, check_bind
+from streamrag.timing import SystemClock
 
-__all__ = ["check_port", "serve_forever"]
+__all__ = ["check_port", "check_serving", "serve_forever"]
 
 
 def check_port(host: str, port: int) -> None:
@@ -38,9 +45,24 @@ def check_port(host: str, port: int) -> None:
         raise ConfigError(msg) from None
 
 
-def serve_forever(service: Service, *, host: str, port: int, log_level: str = "warning") -> None:
-    """Serve ``service`` on ``host:port``; the service must already be started."""
+def check_serving(settings: Settings, *, insecure: bool = False) -> str | None:
+    """Fail early when ``serve.host`` needs API keys and there are none; the note to show."""
+    keys = KeyRing.from_settings(settings, SystemClock()).enabled
+    return check_bind(settings.serve.host, keys=keys, insecure=insecure)
+
+
+def serve_forever(
+    service: Service, *, host: str, port: int, log_level: str = "warning", insecure: bool = False
+) -> None:
+    """Serve ``service`` on ``host:port``; the service must already be started.
+
+    Without API keys ``host`` must be a loopback address, unless ``insecure``.
+    """
     app = create_app(service, manage_service=False)
+    note = check_bind(host, keys=app.state.keys.enabled, insecure=insecure)
+    if note is not None:
+        sys.stderr.write(f"streamrag: {note}\n")
+        sys.stderr.flush()
     config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
     )
