@@ -345,14 +345,14 @@ def _step_field(
     if now.feeds(name) != was.feeds(old_name):
         before = was.feeds(old_name)
         after = now.feeds(name) or "metadata"
-        keep = f"keep role: {before}" if before else "keep it without a role (metadata)"
+        stay = f"keep role: {before}" if before else "keep it without a role (metadata)"
         out.append(
             brk(
                 name,
                 "role-changed",
                 f"field {label} fed {before or 'metadata'} in version {old_version} and "
                 f"feeds {after}",
-                f"{keep}, and declare a new, optional field for {after}",
+                f"{stay}, and declare a new, optional field for {after}",
             )
         )
     return out
