@@ -147,9 +147,9 @@ def verify(
         return report
     before, _ = read_log(log_path)
     generations = sorted({r.generation for r in _parse_all(before)})
-    snapshots: dict[int, Any] = {}
+    snapshots: dict[int, tuple[LsmIndex | None, str]] = {}
     with _Snapshots(index_dir, spec, report) as snaps:
-        for g in generations if serving in generations else [*generations, serving]:
+        for g in generations:
             snapshots[g] = snaps.open(g)
         lines, torn = read_log(log_path)  # again: what was appended while the snapshots were made
         records = check_chain(lines, key, report)
@@ -158,11 +158,16 @@ def verify(
                 "the last line is torn (a crash in the middle of an append): the job's next start "
                 "cuts it off and appends that record again from the index"
             )
-        for g in sorted(snapshots):
+        for g, (index, why) in sorted(snapshots.items()):
             mine = [r for r in records if r.generation == g]
-            check_generation(mine, snapshots[g], report, read_before=len(before), g=g)
-            if g == serving and snapshots[g] is not None:
-                check_tail(records, mine, snapshots[g], report)
+            if index is None:
+                for r in mine:
+                    if r.record["kind"] == "commit":
+                        report.unverifiable(why, r.epoch)
+                continue
+            check_generation(mine, index, report, read_before=len(before))
+            if g == serving:
+                check_tail(records, mine, index, report)
     return report
 
 
@@ -303,29 +308,28 @@ class _Snapshots:
             index.abandon()
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def open(self, generation: int) -> LsmIndex | None:
-        """Generation ``generation``'s index as a snapshot, or None (reported why)."""
+    def open(self, generation: int) -> tuple[LsmIndex | None, str]:
+        """Generation ``generation``'s index as a snapshot; or None, and why there is none."""
         if self.index_dir is None:
-            return None
+            return None, "the index does not persist (index.kind: exact, or index.persist: false)"
         path = self.index_dir(generation)
         if not path.is_dir():
-            return None
+            return None, f"generation {generation}'s index is not there (dropped, or moved)"
+        unreadable = f"generation {generation}'s index cannot be opened: see the finding"
         try:
-            dim = _dim_of(path)
-            if dim is None:
-                return None
+            dim = _dim_of(path) or 1  # an empty index: any length opens it
             tmp = _snapshot(path)
         except CorruptStateError as exc:
             self.report.findings.append(Finding(str(exc)))
-            return None
+            return None, unreadable
         try:
             index = LsmIndex(dim, self.spec, path=tmp, background=False)
         except CorruptStateError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             self.report.findings.append(Finding(str(exc).replace(str(tmp), str(path))))
-            return None
+            return None, unreadable
         self._open.append((index, tmp))
-        return index
+        return index, ""
 
 
 def _dim_of(path: Path) -> int | None:
@@ -375,11 +379,14 @@ def _take(src: Path, dst: Path, *, copy: bool) -> None:
 def stored_leaves(index: LsmIndex, report: Report) -> dict[int, tuple[set[bytes], set[bytes]]]:
     """Every epoch's chunk and tombstone leaves, from what the index holds."""
     out: dict[int, tuple[set[bytes], set[bytes]]] = {}
+    changed: set[tuple[str, str, int, int]] = set()  # a copy of a changed row is reported once
     for rows in index.stored_rows():
         for i in range(len(rows)):
             text = rows.texts[i]
             epoch = int(rows.committed[i])
-            if content_hash(text) != rows.hashes[i]:
+            where = (rows.tenants[i], rows.doc_ids[i], int(rows.positions[i]), epoch)
+            if content_hash(text) != rows.hashes[i] and where not in changed:
+                changed.add(where)
                 report.findings.append(
                     Finding(
                         f"chunk {rows.positions[i]} of {rows.tenants[i]}/{rows.doc_ids[i]} holds a "
@@ -412,15 +419,11 @@ def _removed_why(man: Manifest, epoch: int) -> str | None:
 
 
 def check_generation(
-    records: list[Logged], index: LsmIndex | None, report: Report, *, read_before: int, g: int
+    records: list[Logged], index: LsmIndex, report: Report, *, read_before: int
 ) -> None:
-    """Each commit record's digest against the rows generation ``g``'s index holds."""
+    """Each record of one generation against that generation's index."""
     resets = [r.line for r in records if r.record["kind"] == "reset"]
     commits = [r for r in records if r.record["kind"] == "commit"]
-    if index is None:
-        for r in commits:
-            report.unverifiable(f"generation {g}'s index is not persistent or not there", r.epoch)
-        return
     current = [r for r in commits if not resets or r.line > resets[-1]]
     for r in commits:
         if resets and r.line < resets[-1]:

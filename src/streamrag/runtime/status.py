@@ -61,6 +61,7 @@ def job_status(service: Service) -> dict[str, Any]:
         "queues": _queues(service, backlog),
         "backpressure": {"on": p.batcher.full, "paused_polls": p.paused_polls},
         "last_commit": (service.index.cursor or {}).get("audit"),
+        "audit": service.audit.status() if service.audit is not None else None,
         "recovery": _recovery(service, st),
         "counts": _counts(st, pending),
         "index": {
