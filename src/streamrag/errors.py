@@ -16,6 +16,7 @@ written against the built-in keeps working::
     │   ├── SpecError          a window, aggregate or other spec does not hold together
     │   └── SchemaError        a version of a record schema breaks a registry rule (named)
     ├── MissingDependencyError a package a feature needs is not installed
+    │   └── MissingModelError  a model a feature needs is not installed (says how to get it)
     ├── InputError             an input record cannot be used (goes to dead letters)
     │   ├── DecodeError        not JSON, or not a valid change
     │   └── TimestampError     a time that cannot be read (no zone, out of range)
@@ -50,6 +51,7 @@ __all__ = [
     "IndexStoreError",
     "InputError",
     "MissingDependencyError",
+    "MissingModelError",
     "PermissionDeniedError",
     "QueryError",
     "RequestError",
@@ -121,6 +123,21 @@ class MissingDependencyError(StreamragError):
         super().__init__(
             f"{purpose} needs the package {package!r}, which is not installed. "
             f"Install it with: {command}"
+        )
+
+
+class MissingModelError(MissingDependencyError):
+    """A model a feature needs (a spaCy pipeline) is not installed.
+
+    Models are often not on PyPI, so the message gives the way to get this one.
+    """
+
+    def __init__(self, model: str, purpose: str, install: str) -> None:
+        self.package = model
+        self.extra = None
+        StreamragError.__init__(
+            self,
+            f"{purpose} needs the model {model!r}, which is not installed. Install it: {install}",
         )
 
 

@@ -49,6 +49,7 @@ from streamrag.config.answer import (
 from streamrag.config.audit import AuditSettings
 from streamrag.config.base import Frozen as _Frozen
 from streamrag.config.embedders import EmbedderSettings, EmbedderSpec
+from streamrag.config.redaction import RedactionSettings
 from streamrag.config.schemas import SchemaSettings
 from streamrag.config.security import SecuritySettings
 from streamrag.config.sources import (
@@ -461,6 +462,7 @@ class Settings(_Frozen):
     )
     push: PushSettings = PushSettings()
     ingest: IngestSettings = IngestSettings()
+    redaction: RedactionSettings = RedactionSettings()
     schemas: SchemaSettings = SchemaSettings()
     chunking: ChunkingSettings = ChunkingSettings()
     batcher: BatcherSettings = BatcherSettings()
