@@ -3,17 +3,22 @@
 Requests that used to cost tens of seconds (a filter with 10,000 keys, 100,000
 document ids, a 10 MB chat message) are refused at once with a 4xx that names
 the limit; a NaN temperature is a 422, not a 500; a blank query or tenant is
-refused rather than answered.
+refused rather than answered. Each API key has its own limits too: a token
+bucket (429 with ``Retry-After``), bounds on its requests and answers in
+flight, and its own ``max_k``.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from fastapi.testclient import TestClient
 
@@ -21,7 +26,10 @@ from streamrag.config import load_settings
 from streamrag.runtime.service import Service
 from streamrag.serve import create_app
 from streamrag.serve.schemas import MAX_FILTER_KEYS, MAX_FILTER_VALUES, MAX_MESSAGE_CHARS
-from streamrag.testing import change_line
+from streamrag.testing import ManualClock, change_line
+from tests.e2e.conftest import wait_for
+from tests.serve.conftest import Reply, ScriptedLLM, ThreadedUvicorn, completion
+from tests.serve.test_tenancy import KEYS, auth, key_specs, keyed_service
 
 
 @pytest.fixture
@@ -144,3 +152,136 @@ def test_normal_requests_still_work(client: TestClient) -> None:
     flt = {"metadata": {"n": {"gte": 5, "lt": 8}}, "doc_id": [f"d{i}" for i in range(20)]}
     r = client.post("/v1/retrieve", json={"query": "note", "k": 10, "filters": flt})
     assert sorted(h["doc_id"] for h in r.json()["results"]) == ["d5", "d6", "d7"]
+
+
+# -- per API key: a token bucket, requests in flight, k ---------------------------------
+
+
+def _limited(tmp_path: Path, clock: ManualClock, **overrides: Any) -> Service:
+    """The two-tenant service, alpha-reader's key with the limits in ``overrides``."""
+    specs = key_specs()
+    for spec in specs:
+        if spec["name"] == "alpha-reader":
+            spec.update(overrides)
+    return keyed_service(tmp_path, clock, **{"security.keys": specs})
+
+
+def test_a_key_over_its_rate_gets_429_with_retry_after(tmp_path: Path) -> None:
+    clock = ManualClock(1_700_000_000_000_000)
+    svc = _limited(tmp_path, clock, rate_per_s=0.5, burst=2)
+    query = {"query": "quarterly revenue", "k": 1}
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        assert c.post("/v1/retrieve", json=query, headers=auth("alpha-reader")).status_code == 200
+        assert c.get("/v1/models", headers=auth("alpha-reader")).status_code == 200  # any route
+        over = c.post("/v1/retrieve", json=query, headers=auth("alpha-reader"))
+        assert over.status_code == 429
+        assert over.headers["retry-after"] == "2"  # one token at 0.5 a second
+        err = over.json()["error"]
+        assert (err["type"], err["code"]) == ("rate_limit_error", "overloaded")
+        assert "alpha-reader" in err["message"]
+        assert "0.5 requests/s" in err["message"]
+        # Other keys have their own buckets (the default limits).
+        for _ in range(5):
+            assert (
+                c.post("/v1/retrieve", json=query, headers=auth("bravo-reader")).status_code == 200
+            )
+        clock.advance_us(1_000_000)
+        again = c.post("/v1/answer", json=query, headers=auth("alpha-reader"))
+        assert again.status_code == 429
+        assert again.headers["retry-after"] == "1"  # half a token earned
+        clock.advance_us(1_000_000)
+        assert c.post("/v1/answer", json=query, headers=auth("alpha-reader")).status_code == 200
+        assert c.post("/v1/answer", json=query, headers=auth("alpha-reader")).status_code == 429
+        clock.advance_us(3_600_000_000)  # a long idle refills to the burst, no more
+        codes = [c.get("/v1/models", headers=auth("alpha-reader")).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+    svc.stop()
+
+
+def test_the_openai_client_sees_the_rate_limit(tmp_path: Path) -> None:
+    clock = ManualClock(1_700_000_000_000_000)
+    svc = _limited(tmp_path, clock, rate_per_s=0.25, burst=1)
+    with ThreadedUvicorn(create_app(svc, manage_service=False)) as server:
+        key = KEYS["alpha-reader"][2]
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+        client.models.list()
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.models.list()
+        assert caught.value.response.headers["retry-after"] == "4"
+        client.close()
+    svc.stop()
+
+
+def test_a_key_has_bounds_on_requests_and_answers_in_flight(
+    tmp_path: Path, scripted_llm: ScriptedLLM
+) -> None:
+    gate = threading.Event()
+    held_reply = Reply(body=completion("Held [1]"), gate=gate)
+    scripted_llm.script(held_reply, held_reply, Reply(body=completion()))
+    specs = key_specs()
+    for spec in specs:
+        if spec["name"] == "alpha-reader":
+            spec["max_in_flight"] = 1
+        if spec["name"] == "alpha-writer":
+            spec["max_answers_in_flight"] = 1
+    svc = keyed_service(
+        tmp_path,
+        ManualClock(1_700_000_000_000_000),
+        **{"security.keys": specs, "llm.base_url": scripted_llm.url, "llm.max_retries": 0},
+    )
+    question = {"query": "quarterly revenue forecast", "k": 2, "cache": False}
+    lookup = {"query": "quarterly revenue forecast", "k": 2}
+    chat = {"messages": [{"role": "user", "content": "forecast"}]}
+    with ThreadedUvicorn(create_app(svc, manage_service=False)) as server:
+        reader, writer, bravo = (
+            httpx.Client(base_url=server.url, timeout=30, headers=auth(name))
+            for name in ("alpha-reader", "alpha-writer", "bravo-reader")
+        )
+        held: list[httpx.Response] = []
+        threads = [
+            threading.Thread(target=lambda c=c: held.append(c.post("/v1/answer", json=question)))
+            for c in (reader, writer)
+        ]
+        try:
+            threads[0].start()
+            wait_for(lambda: scripted_llm.in_flight == 1, 10, "alpha-reader's answer at the LLM")
+            busy = reader.post("/v1/retrieve", json=lookup)
+            assert busy.status_code == 429
+            assert busy.headers["retry-after"] == "1"
+            assert "max_in_flight=1" in busy.json()["error"]["message"]
+            threads[1].start()
+            wait_for(lambda: scripted_llm.in_flight == 2, 10, "alpha-writer's answer at the LLM")
+            for path, body in (("/v1/answer", question), ("/v1/chat/completions", chat)):
+                r = writer.post(path, json=body)
+                assert r.status_code == 429
+                assert "max_answers_in_flight=1" in r.json()["error"]["message"]
+            assert writer.post("/v1/retrieve", json=lookup).status_code == 200  # not an answer
+            assert bravo.post("/v1/retrieve", json=lookup).status_code == 200  # another key
+        finally:
+            gate.set()  # a failed check must not leave the held answers waiting
+        for t in threads:
+            t.join(30)
+        assert [r.status_code for r in held] == [200, 200]
+        assert reader.post("/v1/retrieve", json=lookup).status_code == 200  # slots freed
+        assert writer.post("/v1/answer", json=question).status_code == 200
+        for c in (reader, writer, bravo):
+            c.close()
+    svc.stop()
+
+
+def test_a_key_may_have_a_lower_max_k(tmp_path: Path) -> None:
+    svc = _limited(tmp_path, ManualClock(1_700_000_000_000_000), max_k=3)
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        ok = c.post(
+            "/v1/retrieve", json={"query": "forecast", "k": 3}, headers=auth("alpha-reader")
+        )
+        assert ok.status_code == 200
+        for path in ("/v1/retrieve", "/v1/answer"):
+            r = c.post(path, json={"query": "forecast", "k": 4}, headers=auth("alpha-reader"))
+            assert r.status_code == 400
+            assert "k=4 is above" in r.json()["error"]["message"]
+        other = c.post(
+            "/v1/retrieve", json={"query": "forecast", "k": 4}, headers=auth("bravo-reader")
+        )
+        assert other.status_code == 200
+    svc.stop()

@@ -29,6 +29,7 @@ from streamrag.serve import create_app
 from streamrag.serve.auth import hash_key, new_key
 from streamrag.sources.base import RawBatch
 from streamrag.testing import change_line
+from streamrag.timing import Clock
 from tests.serve.conftest import ThreadedUvicorn
 
 ALPHA, BRAVO = "tenant-alpha", "tenant-bravo"
@@ -115,7 +116,7 @@ FIRST_EPOCH: dict[Path, int] = {}
 """The epoch after the first documents, by state directory."""
 
 
-def keyed_service(tmp_path: Path, **overrides: Any) -> Service:
+def keyed_service(tmp_path: Path, clock: Clock | None = None, **overrides: Any) -> Service:
     """Both tenants' documents in two epochs (alpha and bravo each updated in the second)."""
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(FIRST) + "\n")
@@ -132,7 +133,7 @@ def keyed_service(tmp_path: Path, **overrides: Any) -> Service:
         },
         environ={},
     )
-    svc = Service(settings)
+    svc = Service(settings, clock=clock)
     svc.pipeline.run_until_caught_up()
     FIRST_EPOCH[svc.settings.state_dir] = svc.index.epoch
     with source.open("a") as fh:
