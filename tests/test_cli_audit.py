@@ -100,6 +100,7 @@ def _left_in_the_wal(cfg: Path) -> None:
     index = svc.index
     assert isinstance(index, LsmIndex)
     index.abandon()
+    svc.pipeline.reader.close()
 
 
 def test_verify_holds_after_a_job_and_show_prints_its_records(tmp_path: Path) -> None:

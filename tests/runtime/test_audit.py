@@ -90,6 +90,7 @@ def _kill(svc: Service) -> None:
     index = svc.index
     assert isinstance(index, LsmIndex)
     index.abandon()
+    svc.pipeline.reader.close()
 
 
 def _chain_holds(records: Sequence[dict[str, Any]]) -> None:
@@ -518,3 +519,62 @@ def test_the_http_rollback_is_recorded_and_status_shows_the_last_record(tmp_path
     assert status["last_hash"] == records[-1]["hash"]
     assert status["signed"] is False
     svc.stop()
+
+
+def test_records_of_a_dropped_generation_are_not_checked_against_its_successor(
+    tmp_path: Path,
+) -> None:
+    settings = _settings(tmp_path, **{"batcher.max_batch_size": 16})
+    svc = _service(settings)
+    _push(svc, *[_doc(f"d{i}", f"document {i}") for i in range(5)])
+    for dim in (24, 40):  # generation 2 twice: built, served, left and dropped, built again
+        svc.reindexer.start({"class": "hashing", "args": {"dim": dim}}, switch=True)
+        fill = svc.reindexer.backfill
+        assert fill is not None
+        fill.join(30)
+        assert svc.pin().number == 2
+        _push(svc, _doc(f"new{dim}", f"served by {dim} dimensions"))
+        if dim == 24:
+            svc.reindexer.rollback()
+            _push(svc, _doc("back", "generation one again"))
+            svc.reindexer.drop(2)
+    svc.stop()
+    records = _records(settings)
+    assert [r["generation"] for r in records] == [1, 2, 1, 2]
+    _chain_holds(records)
+    from streamrag.runtime.generations import Book
+
+    book = Book.load(settings.state_dir)
+    assert book is not None
+    report = verify(
+        settings.audit.log_path(settings.state_dir),
+        index_dir=lambda g: index_home(settings.state_dir, g) / "index",
+        spec=lsm_spec(settings.index),
+        serving=book.serving.number,
+        created={e.number: e.created_us for e in book.entries},
+    )
+    assert report.ok, report.findings
+    assert report.epochs_checked == 3
+    assert list(report.not_verifiable.values()) == [[records[1]["epoch"]]]
+    # Without the book's dates, the first generation 2's record meets the second's index.
+    assert not _verify(settings).ok
+
+
+@pytest.mark.parametrize("history", ["full", "current"])
+def test_changes_the_index_leaves_out_are_not_in_the_digest(tmp_path: Path, history: str) -> None:
+    settings = _settings(tmp_path, **{"index.history": history, "batcher.max_batch_size": 8})
+    svc = _service(settings)
+    # Versions out of order in one push: without history the older one is never stored.
+    _push(svc, _doc("a", "a at two", 2), _doc("a", "a at one", 1), _doc("b", "b", 1))
+    _push(svc, _doc("a", "a at three", 3))
+    _push(svc, _doc("a", "a at zero, long superseded", 0))  # stale without history
+    svc.stop()
+    records = _records(settings)
+    report = _verify(settings)
+    assert report.ok, report.findings
+    assert report.epochs_checked == len(records)
+    # The last change is older than every version held: filed in the history, or left out.
+    assert records[-1]["counts"]["changes"] == 1
+    assert records[-1]["digest"]["chunks"] == (1 if history == "full" else 0)
+    if history == "full":
+        assert sum(r["digest"]["chunks"] for r in records) == 5  # every version

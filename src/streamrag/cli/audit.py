@@ -70,6 +70,7 @@ def audit_verify(config: ConfigOption = None, sets: SetOption = None) -> None:
             spec=lsm_spec(idx),
             key=key,
             serving=book.serving.number if book is not None else 1,
+            created={e.number: e.created_us for e in book.entries} if book is not None else None,
         )
         _print_report(report, path, signed=key is not None)
         code = 0 if report.ok else 1

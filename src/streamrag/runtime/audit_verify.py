@@ -32,7 +32,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -134,12 +134,15 @@ def verify(
     spec: LsmSpec,
     key: bytes | None = None,
     serving: int = 1,
+    created: Mapping[int, int] | None = None,
 ) -> Report:
     """Check the log at ``log_path``, and the index against it.
 
     ``index_dir`` gives each generation's index directory (None when the index
     does not persist); ``serving`` is the generation serving now; ``key`` the
-    signing secret.
+    signing secret; ``created`` when each generation listed in the book was
+    made (a number is given again after its generation is dropped: the records
+    of the dropped one are older than the new one).
     """
     report = Report()
     if not log_path.exists():
@@ -160,14 +163,17 @@ def verify(
             )
         for g, (index, why) in sorted(snapshots.items()):
             mine = [r for r in records if r.generation == g]
-            if index is None:
+            made = (created or {}).get(g, 0) if g > 1 else 0
+            earlier = {r.line for r in mine if int(r.record.get("time_us", 0)) < made}
+            if index is None or earlier:
                 for r in mine:
-                    if r.record["kind"] == "commit":
-                        report.unverifiable(why, r.epoch)
-                continue
-            check_generation(mine, index, report, read_before=len(before))
-            if g == serving:
-                check_tail(records, mine, index, report)
+                    if r.record["kind"] == "commit" and (index is None or r.line in earlier):
+                        report.unverifiable(why or f"of a generation {g} since dropped", r.epoch)
+                mine = [r for r in mine if r.line not in earlier]
+            if index is not None:
+                check_generation(mine, index, report, read_before=len(before))
+                if g == serving:
+                    check_tail(records, mine, index, report)
     return report
 
 
@@ -351,7 +357,7 @@ def _snapshot(path: Path) -> Path:
     """
     for _ in range(5):
         names = sorted(p.name for p in path.iterdir() if p.is_file())
-        tmp = Path(tempfile.mkdtemp(prefix="streamrag-audit-"))
+        tmp = _private_dir(path.parent)
         try:
             for name in names:
                 _take(path / name, tmp / name, copy=name.startswith("wal-"))
@@ -363,6 +369,14 @@ def _snapshot(path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
     msg = f"the index in {path} kept changing while it was read; verify again, or stop the job"
     raise StateError(msg)
+
+
+def _private_dir(near: Path) -> Path:
+    """A new directory beside the index (hard links need one file system), else in /tmp."""
+    try:
+        return Path(tempfile.mkdtemp(prefix=".audit-snapshot-", dir=near))
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="streamrag-audit-"))
 
 
 def _take(src: Path, dst: Path, *, copy: bool) -> None:
