@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
@@ -301,3 +303,30 @@ def test_serve_refuses_another_address_without_keys_before_starting(tmp_path: Pa
         overrides={"state_dir": str(state), "serve.host": "0.0.0.0"}, environ={}
     )
     assert check_serving(settings) is None  # keys in <state_dir>/keys.yaml: any address
+
+
+def test_roles_hold_behind_a_proxy_prefix(service: Service) -> None:
+    """Behind ``--root-path /api`` paths hold the prefix: routes are found as the router does."""
+    app = create_app(service, manage_service=False)
+
+    async def main() -> list[httpx.Response]:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, root_path="/api")
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                reader = auth("alpha-reader")
+                return [
+                    await c.post("/api/v1/admin/rollback", json={"epoch": 1}, headers=reader),
+                    await c.get("/api/v1/status"),
+                    await c.get("/api/healthz"),
+                    await c.post("/api/v1/retrieve", json={"query": "forecast"}, headers=reader),
+                    await c.get("/api/v1/windows/per_domain", headers=reader),
+                ]
+
+    rollback, status, health, retrieve, window = asyncio.run(main())
+    assert rollback.status_code == 403, rollback.text
+    assert status.status_code == 401
+    assert health.status_code == 200
+    assert retrieve.status_code == 200, retrieve.text
+    assert retrieve.json()["results"]
+    assert "bravo" not in retrieve.text
+    assert window.status_code == 403

@@ -371,7 +371,7 @@ class AuthASGI:
         if self._exact is None:
             self._index(scope["app"].router.routes)
         assert self._exact is not None
-        path = scope["path"]
+        path = _route_path(scope)
         found = self._exact.get(path)
         if found is not None:
             return found
@@ -388,6 +388,15 @@ class AuthASGI:
             else:
                 exact.setdefault(path, path)
         self._exact = exact
+
+
+def _route_path(scope: Scope) -> str:
+    """The path routing matches: ``path`` without ``root_path``, as Starlette's router takes it."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
+        return path[len(root) :]
+    return path
 
 
 def route_paths(routes: Sequence[Any]) -> list[str]:
