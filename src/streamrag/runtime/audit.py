@@ -63,6 +63,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -131,7 +132,7 @@ def canonical(value: Any) -> bytes:
     r"""The canonical bytes of a JSON value: sorted keys, no whitespace, UTF-8.
 
     >>> canonical({"b": 1, "a": ["é", None]})
-    b'{"a":["\\xc3\\xa9",null],"b":1}'
+    b'{"a":["\xc3\xa9",null],"b":1}'
     """
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -167,9 +168,12 @@ def _chain(
 # -- the digest of an epoch -------------------------------------------------------
 
 
+_LEAF = msgspec.json.Encoder(order="sorted")
+"""Leaves are compact JSON with sorted keys too, by msgspec: a commit makes one per chunk."""
+
+
 def _leaf(parts: list[Any]) -> bytes:
-    # Metadata may hold any JSON number; NaN is written as JSON's common extension.
-    return json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _LEAF.encode(parts)
 
 
 def chunk_leaf(
@@ -187,7 +191,7 @@ def chunk_leaf(
     vector: npt.NDArray[np.float32],
 ) -> bytes:
     """The leaf of one stored chunk (its text by content hash, its vector by SHA-256)."""
-    vec = np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+    vec = np.ascontiguousarray(vector, dtype=np.float32).data
     return _leaf(
         [
             "chunk",
