@@ -468,10 +468,13 @@ class EpochAudit:
         """
         assert isinstance(index, SupportsRollback)
         self._append_held(index)
-        new = index.rollback(epoch)
-        if new != epoch:  # the latest epoch already: nothing was published
-            self._append(self._rollback_body(index, epoch))
-        return new
+        before = index.epoch
+        try:
+            return index.rollback(epoch)
+        finally:
+            # Published (even if its checkpoint then failed): the next epoch links to it.
+            if index.epoch != before:
+                self._append(self._rollback_body(index, epoch))
 
     def status(self) -> dict[str, Any]:
         """The log's file and last record (for ``/v1/status``)."""

@@ -28,6 +28,7 @@ commit and the append; the next start appends it) or a finding.
 
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import shutil
@@ -253,10 +254,10 @@ def _check_links(item: Logged, prev: Logged | None, prev_hash: str | None, repor
         )
     want_seq = 0 if n == 1 else (None if prev is None else int(prev.record["seq"]) + 1)
     if prev_hash is not None and rec["prev"] != prev_hash:
-        before = "the chain's start" if prev is None else f"line {prev.line}"
+        before = "a first record links to" if prev is None else f"line {prev.line} hashes to"
         report.findings.append(
             Finding(
-                f"it links to {str(rec['prev'])[:16]}…, but {before} hashes to {prev_hash[:16]}…: "
+                f"it links to {str(rec['prev'])[:16]}…, but {before} {prev_hash[:16]}…: "
                 "a record before it was changed, removed or inserted",
                 n,
                 item.epoch,
@@ -282,7 +283,7 @@ def _check_signature(item: Logged, key: bytes | None, report: Report) -> None:
         report.findings.append(
             Finding("the record is not signed, but the log is checked with a secret", item.line)
         )
-    elif rec["sig"] != signature(rec, key):
+    elif not hmac.compare_digest(str(rec["sig"]), signature(rec, key)):
         report.findings.append(
             Finding(
                 "its signature does not match: written without the secret, or changed",
