@@ -153,7 +153,7 @@ def test_a_validation_error_lists_every_field_and_echoes_no_value(client: TestCl
     err = error_of(r, 422, "invalid_request_error", "validation_error", "k")
     assert [e["param"] for e in err["errors"]] == ["k", "epoch", "query"]
     assert [e["code"] for e in err["errors"]] == [
-        "int_parsing",
+        "int_type",
         "greater_than_equal",
         "string_too_short",
     ]

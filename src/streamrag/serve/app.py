@@ -56,10 +56,22 @@ from streamrag.serve.auth import (
 from streamrag.serve.batcher import QueryBatcher
 from streamrag.serve.cache import SemanticCache
 from streamrag.serve.context import load_reranker
-from streamrag.serve.errors import BodyLimit, error_response, http_error_body, validation_body
+from streamrag.serve.errors import BodyLimit, error_response, http_error, validation_body
 from streamrag.serve.generator import ChatClient
 from streamrag.serve.limits import KeyLimiter
 from streamrag.serve.openai_api import router as openai_router
+from streamrag.serve.responses import (
+    AnswerResponse,
+    GenerationsStatus,
+    Health,
+    PushReceipt,
+    RollbackResponse,
+    StatusResponse,
+    WindowAggregation,
+    WindowsResponse,
+    errors,
+    event_stream,
+)
 from streamrag.serve.retrieve import RetrieveASGI, answer, check_k, encode_json, search_filter
 from streamrag.serve.safety import AuditLog
 from streamrag.serve.schemas import (
@@ -136,10 +148,13 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        body = http_error_body(exc.status_code, _http_message(request, exc))
+        allow = (exc.headers or {}).get("Allow")
+        status, body = http_error(
+            exc.status_code, request.method, request.url.path, allow=allow, detail=str(exc.detail)
+        )
         return Response(
             encode_json(body),
-            status_code=exc.status_code,
+            status_code=status,
             media_type="application/json",
             headers=exc.headers,
         )
@@ -153,6 +168,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     @app.post(
         "/v1/retrieve",
         response_model=RetrieveResponse,
+        responses=errors(400, 413, 422),
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -184,7 +200,14 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     _add_schema(app, RetrieveRequest)
     document_security(app, keys)
 
-    @app.post("/v1/answer", response_model=None)
+    @app.post(
+        "/v1/answer",
+        response_model=AnswerResponse,
+        responses={
+            **event_stream("With stream: true, events meta, delta…, then done or error."),
+            **errors(400, 413, 422),
+        },
+    )
     async def answer_question(body: AnswerRequest, request: Request) -> Response:
         """Answer ``query`` from one committed epoch, with citations.
 
@@ -213,7 +236,15 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
 
     app.include_router(openai_router)
 
-    @app.post("/v1/documents", status_code=202)
+    @app.post(
+        "/v1/documents",
+        status_code=202,
+        response_model=PushReceipt,
+        responses={
+            200: {"model": PushReceipt, "description": "Committed (wait_for_commit)."},
+            **errors(400, 413, 422),
+        },
+    )
     async def push_documents(body: PushRequest, request: Request) -> Response:
         """Upsert and delete documents: journaled (fsynced) before the answer.
 
@@ -231,7 +262,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         status = 200 if receipt.committed and body.wait_for_commit else 202
         return JSONResponse(receipt.to_json(), status_code=status)
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", response_model=StatusResponse, responses=errors())
     async def status(request: Request) -> Response:
         """Epoch, watermark, counts (ingested, applied, dead-lettered), lag and freshness.
 
@@ -247,7 +278,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             body["answers"] = _answers_status(answerer)
         return Response(encode_json(body), media_type="application/json")
 
-    @app.get("/v1/windows")
+    @app.get("/v1/windows", response_model=WindowsResponse, responses=errors())
     async def windows(request: Request) -> Response:
         """Every window aggregation: its definition, watermark and latest results.
 
@@ -267,7 +298,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         }
         return Response(encode_json(body), media_type="application/json")
 
-    @app.get("/v1/windows/{name}")
+    @app.get("/v1/windows/{name}", response_model=WindowAggregation, responses=errors(404, 422))
     async def window(request: Request, name: str, key: str | None = None) -> Response:
         """One aggregation's latest results, oldest window first; ``key`` keeps one key."""
         stage = service.pipeline.event_time
@@ -284,12 +315,24 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         body = _window_body(found, rows, key, principal)
         return Response(encode_json(body), media_type="application/json")
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus text format.",
+                "content": {"text/plain; version=0.0.4": {"schema": {"type": "string"}}},
+            },
+            **errors(),
+        },
+    )
     async def metrics() -> Response:
         """Prometheus metrics."""
         return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.post("/v1/admin/rollback")
+    @app.post(
+        "/v1/admin/rollback", response_model=RollbackResponse, responses=errors(400, 413, 422)
+    )
     async def rollback(body: RollbackRequest) -> Response:
         """Make epoch ``epoch``'s documents current again, as a new epoch.
 
@@ -311,29 +354,44 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             cache.clear()  # answers read before the rollback may cite what it undid
         return JSONResponse({"epoch": epoch, "restored_from": body.epoch, "changed": True})
 
-    @app.post("/v1/admin/reindex")
+    @app.post(
+        "/v1/admin/reindex",
+        status_code=202,
+        response_model=GenerationsStatus,
+        responses=errors(400, 409, 413, 422),
+    )
     async def reindex(body: ReindexRequest) -> Response:
         """Build an index generation for another embedder while this one serves (see reindex)."""
         spec = {"class": body.embedder, "args": body.args}
         status = await run_in_threadpool(lambda: service.reindexer.start(spec, switch=body.switch))
         return JSONResponse(status, status_code=202)
 
-    @app.get("/v1/admin/generations")
+    @app.get("/v1/admin/generations", response_model=GenerationsStatus, responses=errors())
     async def generations() -> Response:
         """The index generations, which one serves, and a migration's progress."""
         return JSONResponse(service.reindexer.status())
 
-    @app.post("/v1/admin/generations/switch")
+    @app.post(
+        "/v1/admin/generations/switch",
+        response_model=GenerationsStatus,
+        responses=errors(409, 413, 422),
+    )
     async def switch(body: GenerationRequest) -> Response:
         """Serve a generation from the next epoch on (the one built, by default)."""
         return JSONResponse(await run_in_threadpool(service.reindexer.switch, body.generation))
 
-    @app.post("/v1/admin/generations/rollback")
+    @app.post(
+        "/v1/admin/generations/rollback", response_model=GenerationsStatus, responses=errors(409)
+    )
     async def rollback_generation() -> Response:
         """Serve the previous generation again."""
         return JSONResponse(await run_in_threadpool(service.reindexer.rollback))
 
-    @app.post("/v1/admin/generations/drop")
+    @app.post(
+        "/v1/admin/generations/drop",
+        response_model=GenerationsStatus,
+        responses=errors(409, 413, 422),
+    )
     async def drop_generation(body: GenerationRequest) -> Response:
         """Delete a previous or building generation."""
         if body.generation is None:
@@ -341,7 +399,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             raise StateError(msg)
         return JSONResponse(await run_in_threadpool(service.reindexer.drop, body.generation))
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health, responses=errors(open_route=True))
     async def healthz() -> dict[str, str]:
         """Liveness probe."""
         return {"status": "ok"}
@@ -381,17 +439,6 @@ def build_answerer(service: Service, batcher: QueryBatcher) -> Answerer:
         audit=AuditLog(settings.audit_log_path, clock=service.clock),
         metrics=service.metrics,
     )
-
-
-def _http_message(request: Request, exc: StarletteHTTPException) -> str:
-    """What to do about an HTTP error of routing: no such route, or the wrong method."""
-    route = f"{request.method} {request.url.path}"
-    if exc.status_code == 404:
-        return f"there is no route {route}; the routes are listed at /docs and /openapi.json"
-    if exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "another method")
-        return f"{route} is not allowed; this path takes {allowed}"
-    return f"{route}: {exc.detail}"
 
 
 def _answers_status(answerer: Answerer) -> dict[str, Any]:

@@ -76,7 +76,7 @@ __all__ = [
     "error_body",
     "error_object",
     "error_response",
-    "http_error_body",
+    "http_error",
     "kind_of",
     "status_of",
     "validation_body",
@@ -195,10 +195,30 @@ def error_response(exc: BaseException, where: str = "the request") -> tuple[int,
     return kind.status, msgspec.json.encode(error_body(message, code=kind.code, type=kind.type))
 
 
-def http_error_body(status: int, message: str) -> dict[str, Any]:
-    """The body for an HTTP error raised by routing itself (404 no route, 405 wrong method)."""
-    code = {404: "no_such_route", 405: "method_not_allowed"}.get(status, f"http_{status}")
-    return error_body(message, code=code, type=_TYPE_OF_STATUS.get(status, "invalid_request_error"))
+def http_error(
+    status: int, method: str, path: str, *, allow: str | None = None, detail: str = ""
+) -> tuple[int, dict[str, Any]]:
+    """The answer to an HTTP error of routing itself: ``(status, body)``.
+
+    No such route (404), the wrong method (405, naming the methods it takes),
+    or a body FastAPI could not decode at all (its 400, answered as the 422 of
+    any body that is not JSON).
+
+    >>> http_error(405, "GET", "/v1/retrieve", allow="POST")[1]["error"]["message"]
+    'GET /v1/retrieve is not allowed; this path takes POST'
+    """
+    route = f"{method} {path}"
+    if status == 404:
+        message = f"there is no route {route}; the routes are listed at /docs and /openapi.json"
+        return 404, error_body(message, code="no_such_route", type="not_found_error")
+    if status == 405:
+        message = f"{route} is not allowed; this path takes {allow or 'another method'}"
+        return 405, error_body(message, code="method_not_allowed", type="invalid_request_error")
+    if status == 400:  # FastAPI: "There was an error parsing the body"
+        reason = {"msg": "it cannot be read as UTF-8 JSON", "type": "json_invalid"}
+        return VALIDATION.status, validation_body([reason])
+    kind = _TYPE_OF_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return status, error_body(f"{route}: {detail}", code=f"http_{status}", type=kind)
 
 
 # -- validation errors ---------------------------------------------------------------

@@ -47,6 +47,13 @@ from streamrag.embed.base import CountsTokens
 from streamrag.errors import QueryError, RequestError
 from streamrag.serve.answer import Answerer, Event, Question
 from streamrag.serve.auth import Principal, key_max_k, principal_of
+from streamrag.serve.responses import (
+    ChatCompletion,
+    EmbeddingsResponse,
+    ModelList,
+    errors,
+    event_stream,
+)
 from streamrag.serve.retrieve import check_k, encode_json, search_filter
 from streamrag.serve.schemas import MAX_QUERY_CHARS, ChatCompletionRequest, EmbeddingsRequest
 from streamrag.serve.sse import SSE_HEADERS, sse
@@ -64,7 +71,14 @@ _TIKTOKEN_INSTALL = "pip install 'streamrag[tiktoken]'"
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletion,
+    responses={
+        **event_stream("With stream: true, chat.completion.chunk events, then [DONE]."),
+        **errors(400, 413, 422),
+    },
+)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI's chat completion, answered from the index (streamed with ``stream: true``)."""
     answerer: Answerer = request.app.state.answerer
@@ -88,7 +102,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors(400, 413, 422))
 async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     """Embed texts, or cl100k_base token arrays decoded to text, with the index's embedder."""
     service = request.app.state.service
@@ -127,7 +141,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request) -> Response:
     return Response(encode_json(payload), media_type="application/json")
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", response_model=ModelList, responses=errors())
 async def models() -> dict[str, Any]:
     """The model this server offers (the configured LLM answers behind it)."""
     return {

@@ -9,6 +9,11 @@ and domains), at most :data:`MAX_MESSAGES` chat messages of at most
 embed (or arrays of at most :data:`MAX_EMBED_TOKENS` token ids). A request over a
 limit gets a 422 that names the limit. The body itself is bounded by
 ``serve.max_body_bytes`` (a 413).
+
+**Types are strict**: a field takes the JSON type its schema names, and
+nothing that merely converts to it (``"5"`` or ``true`` for a number), so
+that what the OpenAPI description says is refused is refused. Times are the
+exception that the description shows: an ISO-8601 string or epoch seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -26,7 +32,7 @@ from pydantic import (
 )
 
 from streamrag.errors import RequestError
-from streamrag.timing import parse_timestamp
+from streamrag.timing import US_PER_S, parse_timestamp
 
 __all__ = [
     "MAX_EMBED_INPUTS",
@@ -68,7 +74,7 @@ MAX_EMBED_TOKENS = 8_192
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class MetaRange(_Model):
@@ -144,25 +150,41 @@ class Filters(_Model):
         return value
 
 
-_EPOCH_S_BOUND = 253_402_300_799
-"""The largest epoch seconds :func:`~streamrag.timing.parse_timestamp` takes (9999-12-31)."""
+_FIRST_S = -62_135_596_800
+"""0001-01-01T00:00:00Z in epoch seconds: the earliest time a request may name."""
+_LAST_S = 253_402_300_799
+"""9999-12-31T23:59:59Z in epoch seconds: the latest."""
+
+
+def _in_years_1_to_9999(us: int) -> int:
+    """Refuse a time outside years 1–9999 (UTC), which no answer could show."""
+    if not _FIRST_S * US_PER_S <= us < (_LAST_S + 1) * US_PER_S:
+        msg = (
+            f"{us / US_PER_S:.0f} epoch seconds (UTC) is outside years 1–9999; send a time "
+            "between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z"
+        )
+        raise RequestError(msg)
+    return us
+
 
 EventTime = Annotated[
     int,
     BeforeValidator(parse_timestamp),
+    AfterValidator(_in_years_1_to_9999),
     WithJsonSchema(
         {
             "anyOf": [
                 {"type": "string", "format": "date-time"},
-                {"type": "number", "minimum": -_EPOCH_S_BOUND, "maximum": _EPOCH_S_BOUND},
+                {"type": "number", "minimum": _FIRST_S, "maximum": _LAST_S},
             ]
         }
     ),
 ]
 """An event time as requests send it: ISO-8601 with a zone, or epoch seconds (int or float).
 
-Parsed to microseconds since the epoch (:func:`~streamrag.timing.parse_timestamp`);
-the API description shows what is sent, not the integer it becomes.
+Parsed to microseconds since the epoch (:func:`~streamrag.timing.parse_timestamp`),
+within years 1–9999 in UTC; the API description shows what is sent, not the
+integer it becomes.
 """
 
 
@@ -320,7 +342,7 @@ class PushRequest(_Model):
 class _OpenAIModel(BaseModel):
     """OpenAI-compatible bodies accept and ignore parameters streamrag does not use."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class ContentPart(_OpenAIModel):
