@@ -28,12 +28,14 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, Protocol, runtime_checkable
 
 from streamrag.errors import ConfigError
 from streamrag.ingest.pii.validators import (
     CN_MOBILE_PREFIXES,
     IBAN_LENGTHS,
+    PRC_PROVINCES,
     cn_area_code_valid,
     country_code,
     iban_valid,
@@ -120,8 +122,10 @@ def _weigh(run: list[tuple[int, Span]]) -> list[Span]:
 # --- e-mail ------------------------------------------------------------------
 
 _LOCAL = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.!#$%&'*+/=?^_`{|}~-"
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.!#$%&'*+/?^_`{|}~-"
 )
+"""Characters of a local part (RFC 5322's atext and dots), less ``=``: in ``email=ada@x.org``
+the address starts after it."""
 _DOMAIN = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,8}[A-Za-z]{2,63}(?![A-Za-z0-9-])"
 )
@@ -318,11 +322,28 @@ def _card_network_ok(d: str) -> bool:
     return False
 
 
+def _id_shaped(digits: str) -> bool:
+    """Whether 18 digits hold a province code and a birth date.
+
+    Such a number is an identity number (or a typo of one), which the
+    ``cn_id`` detector judges; it is not read as a card.
+    """
+    if len(digits) != 18 or digits[:2] not in PRC_PROVINCES:
+        return False
+    try:
+        date(int(digits[6:10]), int(digits[10:12]), int(digits[12:14]))
+    except ValueError:
+        return False
+    return 1900 <= int(digits[6:10]) <= 2099
+
+
 def _card_valid(candidate: str) -> bool:
     seps = {c for c in candidate if c in " -"}
     if len(seps) > 1:
         return False
     digits = _digits(candidate)
+    if _id_shaped(digits):
+        return False
     if seps:
         groups = tuple(len(g) for g in candidate.split(seps.pop()))
         if groups not in _CARD_GROUPS:
@@ -428,7 +449,7 @@ _IPV4 = re.compile(
 _DOTTED_DIGITS = re.compile(r"[0-9]\.[0-9]")
 _IPV6 = re.compile(
     r"(?<![0-9A-Za-z:.])(?=[0-9A-Fa-f]{0,4}:[0-9A-Fa-f]{0,4}:)[0-9A-Fa-f:]{2,39}"
-    r"(?:(?<=:)(?:[0-9]{1,3}\.){3}[0-9]{1,3})?(?![0-9A-Za-z:])"
+    r"(?:(?<=:)(?:[0-9]{1,3}\.){3}[0-9]{1,3})?(?![0-9A-Za-z:]|\.[0-9])"
 )
 _NUMBERED = ("version ", "release ", "section ", "chapter ", "step ", "figure ", "table ")
 """Words after which four dotted numbers are a numbering, not an address."""
@@ -449,19 +470,18 @@ class IpDetector:
 
     def find(self, text: str) -> list[Span]:
         """Every address in ``text``."""
-        out: list[Span] = []
         if digit_count(text) < 2:  # an IPv6 address needs a digit too (see above)
-            return out
+            return []
+        out: list[tuple[int, Span]] = []
         if text.count(".") >= 3 and _DOTTED_DIGITS.search(text) is not None:
             for m in _IPV4.finditer(text):
                 if self._v4(text, m):
-                    out.append(Span(m.start(), m.end(), "IP"))
+                    out.append((1, Span(m.start(), m.end(), "IP")))
         if "::" in text or text.count(":") >= 7:
             for m in _IPV6.finditer(text):
                 if self._v6(m.group()):
-                    out.append(Span(m.start(), m.end(), "IP"))
-        out.sort()
-        return out
+                    out.append((0, Span(m.start(), m.end(), "IP")))
+        return resolve(out) if out else []  # ::ffff:192.0.2.1 holds an IPv4 address
 
     @staticmethod
     def _v4(text: str, m: re.Match[str]) -> bool:

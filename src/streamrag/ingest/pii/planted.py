@@ -81,12 +81,9 @@ def _digits(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(string.digits) for _ in range(n))
 
 
-def _random_token(rng: random.Random, n: int, alphabet: str = _ALNUM) -> str:
-    """``n`` random characters with at least one letter and one digit."""
-    while True:
-        s = "".join(rng.choice(alphabet) for _ in range(n))
-        if any(c.isdigit() for c in s) and any(c.isalpha() for c in s):
-            return s
+def _plain_token(rng: random.Random, n: int, alphabet: str = _ALNUM) -> str:
+    """``n`` random characters, as an issuer makes them (digits or not)."""
+    return "".join(rng.choice(alphabet) for _ in range(n))
 
 
 def _group(s: str, sizes: tuple[int, ...], sep: str) -> str:
@@ -239,9 +236,7 @@ def _jwt(rng: random.Random) -> str:
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
     claims = {"sub": _digits(rng, 10), "iat": 1_700_000_000 + rng.randrange(10**7)}
-    return (
-        f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part(claims)}.{_random_token(rng, 43, _B64URL)}"
-    )
+    return f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part(claims)}.{_plain_token(rng, 43, _B64URL)}"
 
 
 def _pem(rng: random.Random) -> str:
@@ -254,20 +249,20 @@ def _pem(rng: random.Random) -> str:
 def _secret(kind: str) -> Callable[[random.Random], tuple[str, str]]:
     def make(rng: random.Random) -> tuple[str, str]:
         if kind == "aws":
-            return ("SECRET", "AKIA" + _random_token(rng, 16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"))
+            return ("SECRET", "AKIA" + _plain_token(rng, 16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"))
         if kind == "github":
-            return ("SECRET", "ghp_" + _random_token(rng, 36))
+            return ("SECRET", "ghp_" + _plain_token(rng, 36))
         if kind == "slack":
             return (
                 "SECRET",
-                f"xoxb-{_digits(rng, 12)}-{_digits(rng, 13)}-{_random_token(rng, 24)}",
+                f"xoxb-{_digits(rng, 12)}-{_digits(rng, 13)}-{_plain_token(rng, 24)}",
             )
         if kind == "jwt":
             return ("SECRET", _jwt(rng))
         if kind == "sk":
-            return ("SECRET", "sk-proj-" + _random_token(rng, 48))
+            return ("SECRET", "sk-proj-" + _plain_token(rng, 48))
         if kind == "assignment":
-            return ("SECRET", _random_token(rng, 32, "0123456789abcdef"))
+            return ("SECRET", _plain_token(rng, 32, "0123456789abcdef"))
         return ("SECRET", _pem(rng))
 
     return make

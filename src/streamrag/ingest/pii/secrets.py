@@ -5,7 +5,7 @@ it, so every one found becomes ``SECRET``. Issuers make their tokens easy to
 recognise on purpose (for secret scanning); what streamrag looks for:
 
 =======================  ===================================================
-AWS access key ids       ``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16 base-32 characters
+AWS access key ids       ``AKIA``/``ASIA``/``ABIA``/``ACCA`` + 16 upper-case letters or digits
 GitHub tokens            ``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_`` + 36, and
                          ``github_pat_`` + 22 + ``_`` + 59
 Slack tokens             ``xoxb-``/``xoxp-``/``xoxa-``/``xoxr-``/``xoxs-``, ``xapp-``, and
@@ -45,12 +45,18 @@ _E = r"(?![A-Za-z0-9_\-])"
 
 
 def _random(s: str, *, min_bits: float = 3.0) -> bool:
-    """Whether ``s`` looks random: letters and digits mixed, and enough entropy."""
-    return (
-        any(c.isdigit() for c in s)
-        and any(c.isalpha() for c in s)
-        and shannon_entropy(s) >= min_bits
-    )
+    """Whether ``s`` looks random: letters and digits mixed, and enough entropy.
+
+    For a value after a key name, where prose could stand too ("token: it
+    expires"); an issuer's prefix already says a token is one, and there
+    :func:`_varied` suffices.
+    """
+    return any(c.isdigit() for c in s) and any(c.isalpha() for c in s) and _varied(s, min_bits)
+
+
+def _varied(s: str, min_bits: float = 3.0) -> bool:
+    """Whether ``s`` has the entropy of random characters (placeholders like XXXX have none)."""
+    return shannon_entropy(s) >= min_bits
 
 
 def _jwt_ok(token: str) -> bool:
@@ -84,20 +90,20 @@ validator. Each pattern begins with a literal, so the regex engine skips ahead t
 _RULES: list[_Rule] = [
     (
         "",
-        re.compile(r"A(?<![A-Za-z0-9_\-]A)(?:KIA|SIA|BIA|CCA)[A-Z2-7]{16}" + _E),
+        re.compile(r"A(?<![A-Za-z0-9_\-]A)(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16}" + _E),
         lambda s: len(set(s[4:])) > 4,
     ),
     (
         "_",
         re.compile(r"gh(?<![A-Za-z0-9_\-]gh)[pousr]_[A-Za-z0-9]{36}" + _E),
-        lambda s: _random(s[4:]),
+        lambda s: _varied(s[4:]),
     ),
     (
         "_",
         re.compile(
             r"github_pat_(?<![A-Za-z0-9_\-]github_pat_)[A-Za-z0-9]{22}_[A-Za-z0-9]{59}" + _E
         ),
-        lambda s: _random(s[11:]),
+        lambda s: _varied(s[11:]),
     ),
     (
         "-",
@@ -107,7 +113,7 @@ _RULES: list[_Rule] = [
             + r"|xapp-(?<![A-Za-z0-9_\-]xapp-)[0-9A-Za-z]+(?:-[0-9A-Za-z]+){1,5}"
             + _E
         ),
-        lambda s: s.count("-") >= 2 and _random(s.rsplit("-", 1)[-1], min_bits=2.5),
+        lambda s: s.count("-") >= 2 and _varied(s.rsplit("-", 1)[-1], 2.5),
     ),
     (
         "/",
@@ -130,12 +136,12 @@ _RULES: list[_Rule] = [
             r"sk(?<![A-Za-z0-9_\-]sk)(?:-(?:proj-|ant-(?:api\d\d-)?|svcacct-|admin-)?|_(?:live|test)_)"
             r"[A-Za-z0-9_\-]{20,200}" + _E
         ),
-        lambda s: _random(s, min_bits=3.5),
+        lambda s: _varied(s, 3.5),
     ),
     (
         "_",
         re.compile(r"rk_(?<![A-Za-z0-9_\-]rk_)(?:live|test)_[A-Za-z0-9]{20,200}" + _E),
-        lambda s: _random(s, min_bits=3.5),
+        lambda s: _varied(s, 3.5),
     ),
 ]
 
