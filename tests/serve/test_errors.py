@@ -26,7 +26,9 @@ from streamrag.config import load_settings
 from streamrag.index.base import Hit
 from streamrag.runtime.service import Service
 from streamrag.serve import create_app
+from streamrag.serve.auth import hash_key, new_key
 from streamrag.serve.errors import CODES, KINDS
+from streamrag.serve.responses import RetrieveResponse, StatusResponse, WindowsResponse
 from streamrag.testing import FakeEmbedder, change_line
 from tests.serve.conftest import Reply, ScriptedLLM, ThreadedUvicorn, chunks
 
@@ -329,3 +331,34 @@ def test_a_stream_that_breaks_off_ends_with_the_same_error_object(
         assert broken.value.code == "llm_error"
         assert broken.value.type == "upstream_error"
         client.close()
+
+
+# -- API keys --------------------------------------------------------------------------
+
+
+def test_a_missing_or_unknown_key_is_a_401_and_a_role_too_low_a_403(tmp_path: Path) -> None:
+    key = new_key()
+    spec = {"name": "reader-1", "tenant": "default", "role": "reader", "sha256": hash_key(key)}
+    windows = [{"name": "per_tenant", "size_ms": 86_400_000, "key": ["tenant", "domain"]}]
+    svc = make_service(tmp_path, **{"security.keys": [spec], "event_time.windows": windows})
+    reader = {"Authorization": f"Bearer {key}"}
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        for headers in ({}, {"Authorization": "Bearer sr_not-a-key"}):
+            r = c.post("/v1/retrieve", json={"query": "database"}, headers=headers)
+            error_of(r, 401, "authentication_error", "invalid_api_key")
+            assert r.headers["www-authenticate"].startswith("Bearer")
+            assert "sr_not-a-key" not in r.text
+        r = c.post("/v1/admin/rollback", json={"epoch": 0}, headers=reader)
+        error_of(r, 403, "permission_error", "permission_denied")
+        other = {"query": "database", "filters": {"tenant": "someone-else"}}
+        error_of(
+            c.post("/v1/answer", json=other, headers=reader),
+            403,
+            "permission_error",
+            "permission_denied",
+        )
+        # What a reader sees of the job is what the description says it gets.
+        StatusResponse.model_validate(c.get("/v1/status", headers=reader).json())
+        WindowsResponse.model_validate(c.get("/v1/windows", headers=reader).json())
+        found = c.post("/v1/retrieve", json={"query": "database"}, headers=reader)
+        RetrieveResponse.model_validate(found.json())

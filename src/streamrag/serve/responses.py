@@ -330,15 +330,21 @@ class PushReceipt(_Open):
 
 
 class StatusResponse(_Open):
-    """``GET /v1/status``: epoch, watermark, counts, lag and freshness (more keys as they come)."""
+    """``GET /v1/status``: epoch, watermark, counts, lag and freshness (more keys as they come).
+
+    A key that is not an admin's gets its tenant's view: ``tenant``, and none of
+    the keys that hold other tenants' names or numbers (counts, index, sources).
+    """
 
     epoch: int
     watermark: str | None
-    counts: dict[str, Any]
-    index: dict[str, Any]
     ingest_lag: dict[str, Any]
     freshness: dict[str, Any]
     embedder: str
+    uptime_s: float
+    tenant: str | None = Field(None, description="The key's tenant, in a tenant's view.")
+    counts: dict[str, Any] | None = Field(None, description="Ingested, applied, dead-lettered.")
+    index: dict[str, Any] | None = Field(None, description="Live and deleted documents.")
     answers: dict[str, Any] | None = Field(None, description="How answers are made.")
 
 
@@ -360,7 +366,9 @@ class WindowAggregation(_Closed):
     key: list[str]
     value: str | None
     allowed_lateness_ms: float
-    open_windows: int
+    open_windows: int | None = Field(
+        ..., description="Windows still open, every tenant's (admin keys, or no keys)."
+    )
     results: list[WindowRow]
 
 
