@@ -14,7 +14,14 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from streamrag.errors import ConfigError, OverloadedError, QueryError, StreamragError
+from streamrag.errors import (
+    AuthenticationError,
+    ConfigError,
+    OverloadedError,
+    PermissionDeniedError,
+    QueryError,
+    StreamragError,
+)
 from streamrag.integrations.client import RetrieveClient
 
 URL = "http://streamrag.test:8000"
@@ -30,7 +37,12 @@ def client(handler: Callable[[httpx.Request], httpx.Response]) -> RetrieveClient
 
 
 def error(status: int, code: str, message: str, **headers: str) -> httpx.Response:
-    kind = {429: "rate_limit_error", 500: "server_error"}.get(status, "invalid_request_error")
+    kind = {
+        401: "authentication_error",
+        403: "permission_error",
+        429: "rate_limit_error",
+        500: "server_error",
+    }.get(status, "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
     return httpx.Response(status, content=json.dumps(body), headers=headers)
 
@@ -49,6 +61,16 @@ def test_an_internal_error_is_a_streamrag_error_and_not_the_querys_fault() -> No
         c.retrieve("q")
     assert not isinstance(info.value, QueryError)
     assert f"streamrag at {URL} answered 500 internal_error" in str(info.value)
+
+
+def test_a_refused_key_is_an_authentication_error_that_says_where_the_key_goes() -> None:
+    msg = "no API key was sent; send it as Authorization: Bearer <key>"
+    c = client(lambda _: error(401, "invalid_api_key", msg))
+    with pytest.raises(AuthenticationError, match="give the server's API key as api_key or in"):
+        c.retrieve("q")
+    c = client(lambda _: error(403, "permission_denied", "this key reads tenant acme only"))
+    with pytest.raises(PermissionDeniedError, match=r"acme only \(streamrag at .* 403 permission"):
+        c.retrieve("q")
 
 
 def test_answers_from_something_else_say_what_to_fix() -> None:
