@@ -362,3 +362,12 @@ def test_a_missing_or_unknown_key_is_a_401_and_a_role_too_low_a_403(tmp_path: Pa
         WindowsResponse.model_validate(c.get("/v1/windows", headers=reader).json())
         found = c.post("/v1/retrieve", json={"query": "database"}, headers=reader)
         RetrieveResponse.model_validate(found.json())
+
+
+def test_an_unreachable_llm_is_explained_in_words(tmp_path: Path, closed_port: int) -> None:
+    url = f"http://127.0.0.1:{closed_port}/v1"
+    svc = make_service(tmp_path, **{"llm.base_url": url, "llm.max_retries": 0})
+    with TestClient(create_app(svc, manage_service=False)) as c:
+        body = c.post("/v1/answer", json={"query": "database password"}).json()
+    assert body["fallback_reason"].startswith(f"cannot reach the LLM endpoint {url}: ")
+    assert not CLASS_NAME.search(body["fallback_reason"]), body["fallback_reason"]

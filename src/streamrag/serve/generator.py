@@ -410,7 +410,8 @@ class ChatClient:
             )
             raise _Retryable(msg, timeout=True) from None
         except httpx.TransportError as exc:
-            msg = f"cannot reach the LLM endpoint {self.base_url}: {type(exc).__name__}: {exc}"
+            reason = str(exc) or "the connection failed"  # in words: no class names
+            msg = f"cannot reach the LLM endpoint {self.base_url}: {reason}"
             raise _Retryable(msg) from None
         if resp.status_code < 300:
             return resp
