@@ -3,7 +3,7 @@
 Every unit conversion (milliseconds to the microseconds the data path counts
 in, bytes, defaults that depend on other settings) happens here, once; the
 parts themselves take plain values. :func:`build_pipeline` assembles the data
-path of ``../ARCHITECTURE``: source, decoder, event time, splitter, batcher,
+path of ``../ARCHITECTURE``: source, decoder, redaction, event time, splitter, batcher,
 embedder retries, the index, and the pipeline over them.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
@@ -36,11 +37,13 @@ from streamrag.eventtime import (
 from streamrag.index.base import VectorIndex
 from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
+from streamrag.ingest.pii import Redactor
 from streamrag.ingest.schemas import schema_decoders
 from streamrag.runtime.audit import EpochAudit, EpochAuditLog, pipeline_identity
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
 from streamrag.runtime.push import PushJournal
+from streamrag.runtime.stages import RedactStage
 from streamrag.sources.base import Source
 from streamrag.sources.files import JsonlSource
 from streamrag.sources.multi import MultiSource
@@ -53,6 +56,7 @@ __all__ = [
     "build_epoch_audit",
     "build_event_time",
     "build_pipeline",
+    "build_redact",
     "build_source",
     "build_splitter",
     "embedder_from",
@@ -99,7 +103,35 @@ def build_pipeline(
         history=settings.index.kind == "lsm" and settings.index.history == "full",
         window_side_output=settings.event_time.late_to_dead_letter,
         choice=choice,
+        redact=build_redact(settings, metrics),
     )
+
+
+BUILTIN_SOURCES = ("push", "replay", "input")
+"""Policy names of the sources every job reads besides its connectors (``redaction.sources``):
+pushed changes, re-injected dead letters and the JSONL input of ``source.path``."""
+
+
+def build_redact(
+    settings: Settings, metrics: Metrics, environ: Mapping[str, str] | None = None
+) -> RedactStage | None:
+    """The redaction stage (``redaction.*``); None when redaction is off.
+
+    The key of the ``hash`` action is read from ``environ`` (the process
+    environment by default): a policy that hashes without one refuses to start,
+    as does one that names an unknown entity type or source.
+    """
+    names = [*(spec.name for spec in settings.sources), *BUILTIN_SOURCES]
+    redactor = Redactor.from_settings(settings.redaction, environ=environ, sources=names)
+    if redactor is None:
+        return None
+    push, replay = settings.push_dir, settings.replay_dir
+
+    def builtin(partition: str) -> str:
+        folder = Path(partition).parent
+        return "push" if folder == push else "replay" if folder == replay else "input"
+
+    return RedactStage(redactor, metrics, source_name=builtin)
 
 
 def build_epoch_audit(

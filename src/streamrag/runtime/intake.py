@@ -1,8 +1,9 @@
-"""The reading half of the pipeline: source → decode → event time → chunk → batcher.
+"""The reading half of the pipeline: source → decode → redact → event time → chunk → batcher.
 
 :meth:`Intake.poll` reads what the source has — unless the batcher is full,
 which is how backpressure reaches the source — runs the stages
-(:mod:`.stages`) and queues the changes, with their chunks, in the
+(:mod:`.stages`; personal data is redacted right after decoding, before
+anything else sees the changes) and queues the changes, with their chunks, in the
 micro-batcher. Each read is cut to the room left in the batcher, in bytes and
 in chunks (from the bytes per chunk of recent reads). After a restart, records
 below the committed position are sifted (:class:`~.cursor.Rewind`): the
@@ -28,7 +29,13 @@ from streamrag.runtime.accounting import Ledger
 from streamrag.runtime.cursor import CursorKeeper
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.outbox import Outbox
-from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink
+from streamrag.runtime.stages import (
+    ChunkStage,
+    DecodeStage,
+    EventTimeStep,
+    LetterSink,
+    RedactStage,
+)
 from streamrag.runtime.stages import change_letter as _letter
 from streamrag.sources.base import RawBatch, SourceReader
 from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Timestamp
@@ -64,8 +71,10 @@ class Intake:
         clock: Clock,
         outbox: Outbox,
         max_read_bytes: int,
+        redact: RedactStage | None = None,
     ) -> None:
         self.reader, self.batcher, self.ledger, self.keeper = reader, batcher, ledger, keeper
+        self.redact = redact or RedactStage(None)
         self.decode, self.chunk, self.windows, self.letters = decode, chunk, windows, letters
         self.metrics, self.clock, self.outbox = metrics, clock, outbox
         self.max_read_bytes = max_read_bytes
@@ -114,10 +123,12 @@ class Intake:
         self.metrics.ingested.inc(n)
         decoded = self.decode(raws)
         self._refuse(decoded.letters)
-        if len(decoded.out):
-            windows = self.windows(decoded.out)
+        redacted = self.redact(decoded.out, raws)
+        self._refuse(redacted.letters)
+        if len(redacted.out):
+            windows = self.windows(redacted.out)
             self._route_windows(windows.out, windows.letters)
-            chunks = self._queue(decoded.out, idle_since)
+            chunks = self._queue(redacted.out, idle_since)
             if chunks:  # bytes per chunk, to size the next read to the room left
                 per = sum(len(line) for r in raws for line in r.lines) / chunks
                 old = self._bytes_per_chunk
@@ -152,9 +163,12 @@ class Intake:
         if sifted.again:
             decoded = self.decode(sifted.again)
             self._refuse(decoded.letters)
-            self.ledger.add(replayed=len(decoded.out))
-            if len(decoded.out):  # the windows and counts already hold these
-                self._queue(decoded.out, arrived_us)
+            # Redacted as when first read: the same records give the same changes.
+            redacted = self.redact(decoded.out, sifted.again, replay=True)
+            self._refuse(redacted.letters)
+            self.ledger.add(replayed=len(redacted.out))
+            if len(redacted.out):  # the windows and counts already hold these
+                self._queue(redacted.out, arrived_us)
         return sifted.fresh
 
     def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> int:

@@ -66,6 +66,13 @@ class Metrics:
             "streamrag_chunks_reused", "Unchanged chunks that kept their vector.", registry=r
         )
         self.commits = Counter("streamrag_commits", "Micro-batches committed.", registry=r)
+        self.redactions = Counter(
+            "streamrag_redactions",
+            "Personal data found in changes read, by entity type (masked, hashed or dropped; "
+            "never the values).",
+            ["entity"],
+            registry=r,
+        )
 
     def _index(self, r: CollectorRegistry) -> None:
         """The index and event time: epoch, size, watermark, windows."""

@@ -2,9 +2,9 @@
 
 ::
 
-    source ─► decode ─► event time ─► chunk ─► micro-batcher ─► commit (plan, embed, WAL)
-                │          │            │                          │
-                └──────────┴────────────┴── dead letters ──────────┘
+    source ─► decode ─► redact ─► event time ─► chunk ─► micro-batcher ─► commit (plan, embed, WAL)
+                │         │          │            │                          │
+                └─────────┴──────────┴────────────┴── dead letters ──────────┘
 
 Each stage (:mod:`.stages`) returns what goes on and the records it refused.
 The pipeline has two halves, which can run in two threads (:mod:`.executor`)
@@ -47,7 +47,14 @@ from streamrag.runtime.flush import Flusher
 from streamrag.runtime.intake import Intake, WindowHook
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.outbox import Outbox
-from streamrag.runtime.stages import ChunkStage, DecodeStage, EventTimeStep, LetterSink, Prepared
+from streamrag.runtime.stages import (
+    ChunkStage,
+    DecodeStage,
+    EventTimeStep,
+    LetterSink,
+    Prepared,
+    RedactStage,
+)
 from streamrag.sources.base import GroupsWatermarks, Source, SourceReader
 from streamrag.sources.multi import MultiSourceReader
 from streamrag.timing import Clock, Timestamp
@@ -86,13 +93,13 @@ class Pipeline:
         history: bool = True,
         window_side_output: bool = True,
         choice: EmbedderChoice | None = None,
+        redact: RedactStage | None = None,
     ) -> None:
         _check_dims(embedder, index)
         self.keeper = CursorKeeper(Cursor.from_mapping(cursor) if cursor else None, resume)
         self.reader = source.build(self.keeper.resume)
         self.embedder, self.index, self.clock = embedder, index, clock
-        self.dead_letters = dead_letters
-        self.metrics = metrics or Metrics()
+        self.dead_letters, self.metrics = dead_letters, metrics or Metrics()
         self.letters = LetterSink(
             dead_letters, self.metrics, clock, side_outputs=window_side_output
         )
@@ -117,15 +124,21 @@ class Pipeline:
         )
         self.on_commit, self.on_window = list(on_commit), list(on_window)
         self.outbox = Outbox(self.on_window, self.letters.side_output)
-        self.intake = self._intake(decoder, splitter, max_read_bytes)
+        self.intake = self._intake(decoder, splitter, max_read_bytes, redact)
         self.flusher = Flusher(self, commit_interval_ms)
         if self.keeper.cursor is not None:  # counts, watermarks and windows as committed
             self.ledger.restore(self.keeper.cursor.stats)
             self.keeper.restore(self.event_time)
 
     def _intake(
-        self, decoder: RecordDecoder | None, splitter: Splitter | None, max_read_bytes: int
+        self,
+        decoder: RecordDecoder | None,
+        splitter: Splitter | None,
+        max_read_bytes: int,
+        redact: RedactStage | None,
     ) -> Intake:
+        redact = redact or RedactStage(None)  # none: nothing is redacted
+        self.letters.scrub = redact.scrub  # letters hold raw records: scrubbed alike
         return Intake(
             reader=self.reader,
             batcher=self.batcher,
@@ -139,6 +152,7 @@ class Pipeline:
             clock=self.clock,
             outbox=self.outbox,
             max_read_bytes=max_read_bytes,
+            redact=redact,
         )
 
     @property

@@ -12,6 +12,9 @@ throw, the record becomes a letter and the rest of the batch goes on
 stage          in → out                    refused (stage of the letter)
 =============  ==========================  =====================================
 decode         raw lines → changes         not JSON, not a change (``decode``)
+redact         changes → redacted changes  dropped by the redaction policy, or a
+                                           detector failed (``redact``), see
+                                           :mod:`streamrag.ingest.pii`
 event time     changes → window output     late (``window-late:W``), no value
                                            (``window-value:W``), a failure
                                            (``window-error``) — side outputs:
@@ -23,21 +26,28 @@ embed          chunks → vectors            poison text (``embed``), see
 
 The model is Bytewax's ``WindowOut(down, late)``: the stream that goes on and
 the side output, returned together.
+
+Letters hold raw records — a line that failed to decode is not a change yet,
+so no stage has redacted it — and :class:`LetterSink` scrubs their records and
+reasons with the job's redactor before it stores or logs them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeVar
 
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import Splitter, content_hash
+from streamrag.errors import InputError
 from streamrag.eventtime import EventTimeStage, StageOutput
 from streamrag.ingest import DeadLetter, DeadLetterStore
 from streamrag.ingest.formats import RecordDecoder
+from streamrag.ingest.pii import Redactor
 from streamrag.runtime.metrics import Metrics
 from streamrag.sources.base import RawBatch
 from streamrag.timing import Clock
@@ -49,6 +59,7 @@ __all__ = [
     "EventTimeStep",
     "LetterSink",
     "Prepared",
+    "RedactStage",
     "Stage",
     "StageResult",
     "change_letter",
@@ -94,6 +105,90 @@ class DecodeStage:
         """Decode every line; a line that is not a valid change becomes a letter."""
         changes, letters = self.decoder.decode(raws)
         return StageResult(changes, letters)
+
+
+class RedactStage:
+    """Personal data out of every upsert before anything else sees it (:mod:`streamrag.ingest.pii`).
+
+    Each upsert's text, title and metadata go through the redactor under the
+    policy of its source: the source a configured connector names, else
+    ``source_name(partition)`` (``push``, ``replay`` or ``input``). A change the
+    policy drops, or one a detector fails on, becomes a ``redact`` letter whose
+    reason names entity types and counts, never values. Deletes pass as they
+    are; so does everything when there is no redactor. What was found is
+    counted per entity type in ``streamrag_redactions_total``, except on a
+    replay after a restart (those changes were counted when first read).
+    """
+
+    name = "redact"
+
+    def __init__(
+        self,
+        redactor: Redactor | None,
+        metrics: Metrics | None = None,
+        *,
+        source_name: Callable[[str], str] | None = None,
+    ) -> None:
+        self.redactor = redactor
+        self.metrics = metrics
+        self.source_name = source_name or (lambda _: "input")
+        self._names: dict[str, str] = {}
+        self.scrub: Callable[[DeadLetter], DeadLetter] | None = (
+            None if redactor is None else redactor.scrub_letter
+        )
+        """Masks a letter's raw record and reason (None without a redactor)."""
+
+    def name_of(self, partition: str, named: dict[str, str]) -> str:
+        """The policy's name for the source of ``partition``."""
+        name = named.get(partition) or self._names.get(partition)
+        if name is None:
+            if len(self._names) > 100_000:
+                self._names.clear()
+            name = self._names[partition] = self.source_name(partition)
+        return name
+
+    def __call__(
+        self, changes: ChangeBatch, raws: Sequence[RawBatch] = (), /, *, replay: bool = False
+    ) -> StageResult[ChangeBatch]:
+        """Redact the upserts of ``changes`` (read from ``raws``); refused ones become letters."""
+        redactor = self.redactor
+        if redactor is None or not len(changes):
+            return StageResult(changes)
+        named = {r.source: r.decoder for r in raws if r.decoder is not None}
+        payloads = list(changes.payloads)
+        keep: list[int] = []
+        letters: list[DeadLetter] = []
+        counts: Counter[str] = Counter()
+        for i, op in enumerate(changes.ops.tolist()):
+            if op == Op.DELETE:
+                keep.append(i)
+                continue
+            try:
+                done = redactor.redact(payloads[i], self.name_of(changes.sources[i], named))
+            except Exception as exc:  # a stage error must not stop the stream
+                letters.append(change_letter(changes, i, "redact", _redaction_failed(exc)))
+                continue
+            counts.update(done.counts)
+            if done.payload is None:
+                letters.append(change_letter(changes, i, "redact", done.reason or "dropped"))
+                continue
+            payloads[i] = done.payload
+            keep.append(i)
+        if counts and self.metrics is not None and not replay:
+            for entity, n in counts.items():
+                self.metrics.redactions.labels(entity=entity).inc(n)
+        out = replace(changes, payloads=payloads)
+        return StageResult(out if len(keep) == len(changes) else out.take(keep), letters)
+
+
+def _redaction_failed(exc: Exception) -> str:
+    """A letter's reason for a failed redaction: never the error's message, which may quote."""
+    if isinstance(exc, InputError):  # the redactor's own, naming the detector
+        return str(exc)
+    return (
+        f"the redaction failed ({type(exc).__name__}); the change was not applied, so nothing "
+        "of it was stored unredacted"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +320,9 @@ class LetterSink:
     """Where every refused record goes: the dead-letter store, the metrics and the log.
 
     Counting them in the pipeline's totals is the pipeline's part, under its
-    lock (a record moves from one count to another in one step).
+    lock (a record moves from one count to another in one step). ``scrub``
+    (the redactor's) masks personal data in each letter's raw record and reason
+    first, so that neither the store nor the log holds it.
     """
 
     def __init__(
@@ -235,16 +332,23 @@ class LetterSink:
         clock: Clock,
         *,
         side_outputs: bool = True,
+        scrub: Callable[[DeadLetter], DeadLetter] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.clock = clock
         self.side_outputs = side_outputs
+        self.scrub = scrub
+
+    def _scrubbed(self, letters: list[DeadLetter]) -> list[DeadLetter]:
+        scrub = self.scrub
+        return letters if scrub is None else [scrub(letter) for letter in letters]
 
     def refused(self, letters: list[DeadLetter]) -> None:
         """Store, count in the metrics and log records that were not applied."""
         if not letters:
             return
+        letters = self._scrubbed(letters)
         self.store.add_many(letters, self.clock.now_us())
         for letter in letters:
             self.metrics.dead_letters.labels(stage=letter.stage).inc()
@@ -259,7 +363,7 @@ class LetterSink:
     def side_output(self, letters: list[DeadLetter]) -> None:
         """Keep side outputs of changes that were applied (if configured); no log line each."""
         if letters and self.side_outputs:
-            self.store.add_many(letters, self.clock.now_us())
+            self.store.add_many(self._scrubbed(letters), self.clock.now_us())
 
     def close(self) -> None:
         """Close the dead-letter store's file."""
