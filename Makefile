@@ -62,6 +62,7 @@ bench: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/folder_idle.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/chunking_quality.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/embedders.py
+	$(PY) benchmarks/redaction.py
 	nice $(PY) benchmarks/ann_libraries.py
 
 constraints: $(STAMP)
