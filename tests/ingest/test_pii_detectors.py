@@ -119,6 +119,7 @@ def test_country_codes_are_prefix_free_and_unassigned_ones_are_refused() -> None
         ("Write to ada+billing@mail.example.co.uk.", ["ada+billing@mail.example.co.uk"]),
         ("ADA@EXAMPLE.ORG and bob_1@ex-ample.io", ["ADA@EXAMPLE.ORG", "bob_1@ex-ample.io"]),
         ("user.email=t@example.org", ["t@example.org"]),
+        ("see https://example.org/u/ada@example.org", ["ada@example.org"]),
         ("mailto:o'neil@example.com)", ["o'neil@example.com"]),
         ("<li.wei@example.cn>", ["li.wei@example.cn"]),
     ],

@@ -2,8 +2,9 @@
 
 Counters follow the data path: records ingested, changes applied (stale ones
 included, since last-writer-wins made them no-ops), dead letters by stage,
-chunks embedded versus reused, commits. Histograms time the commit freshness
-(oldest change read → visible), embedding and queries. The answer side counts
+personal data redacted by entity type, chunks embedded versus reused, commits.
+Histograms time the commit freshness (oldest change read → visible), embedding
+and queries. The answer side counts
 semantic-cache lookups by outcome and the near hits its guards refused, LLM
 calls by outcome and the circuit breaker's state, answers by generator, and
 retrieved chunks flagged as prompt injection.

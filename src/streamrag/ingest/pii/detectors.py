@@ -122,10 +122,10 @@ def _weigh(run: list[tuple[int, Span]]) -> list[Span]:
 # --- e-mail ------------------------------------------------------------------
 
 _LOCAL = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.!#$%&'*+/?^_`{|}~-"
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.!#$%&'*+?^_`{|}~-"
 )
-"""Characters of a local part (RFC 5322's atext and dots), less ``=``: in ``email=ada@x.org``
-the address starts after it."""
+"""Characters of a local part (RFC 5322's atext and dots), less ``=`` and ``/``: in
+``email=ada@x.org`` and ``https://x.org/u/ada@x.org`` the address starts after them."""
 _DOMAIN = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.){1,8}[A-Za-z]{2,63}(?![A-Za-z0-9-])"
 )
