@@ -274,11 +274,7 @@ class Redactor:
                 raise InputError(msg) from exc
             if spans:
                 found.extend([(rank, s) for s in spans])
-        if not found:
-            return []
-        if len(self.detectors) == 1:
-            return sorted(s for _, s in found)
-        return resolve(found)
+        return resolve(found) if found else []
 
     def redact(self, payload: Mapping[str, Any], source: str = "") -> Redacted:
         """The payload with its entities acted on, for a change of ``source``."""
