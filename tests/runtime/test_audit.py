@@ -31,6 +31,7 @@ from streamrag.runtime.audit_verify import Report, verify
 from streamrag.runtime.generations import index_home
 from streamrag.runtime.pipeline import Pipeline
 from streamrag.runtime.service import Service
+from streamrag.runtime.stages import RedactStage
 from streamrag.sources.base import RawBatch
 from streamrag.sources.files import JsonlSource
 from streamrag.testing import ManualClock
@@ -236,6 +237,7 @@ def test_a_record_carries_redactions_pushed_by_and_the_epochs_dead_letters(
         clock=clock,
         decoder=Tagged(),
         batcher=MicroBatcher(max_batch_size=2, max_delay_ms=0, clock=clock),
+        redact=RedactStage(None, source_name=lambda _: "push"),  # as if read from the journal
     )
     audit = EpochAudit(
         EpochAuditLog(tmp_path / "epochs.jsonl"),

@@ -126,7 +126,9 @@ def test_the_stage_counts_in_the_payload_and_passes_deletes(tmp_path: Path) -> N
     raw = RawBatch("in.jsonl", [x.encode() for x in lines], [0, 100, 200], 300)
     changes, _ = Decoder().decode([raw])
     metrics = Metrics()
-    out = _stage(metrics)(changes, [raw])
+    stage = _stage(metrics)
+    stage.source_name = lambda _: "push"  # pushed_by is the journal's own field
+    out = stage(changes, [raw])
     assert out.letters == []
     assert [dict(p) for p in out.out.payloads] == [
         {"text": "mail [EMAIL] twice: [EMAIL]", "pushed_by": "ci", "redactions": {"EMAIL": 2}},
@@ -135,7 +137,7 @@ def test_the_stage_counts_in_the_payload_and_passes_deletes(tmp_path: Path) -> N
     ]
     assert list(out.out.ops) == list(changes.ops)
     assert _metric(metrics, "EMAIL") == 2
-    again = _stage(metrics)(changes, [raw], replay=True)  # read again after a restart
+    again = stage(changes, [raw], replay=True)  # read again after a restart
     assert [dict(p) for p in again.out.payloads] == [dict(p) for p in out.out.payloads]
     assert _metric(metrics, "EMAIL") == 2  # counted once, when first read
 

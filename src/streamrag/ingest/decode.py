@@ -48,6 +48,8 @@ class _Record(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] | None = None
     pushed_by: str | None = None
     """The API key's name, set by ``POST /v1/documents`` (kept in the payload for the audit)."""
+    redactions: dict[str, int] | None = None
+    """What the push journal redacted before writing the change (kept for the audit's counts)."""
 
 
 _OPS = {"upsert": Op.UPSERT, "delete": Op.DELETE}
@@ -156,6 +158,8 @@ class Decoder:
             payload["metadata"] = rec.metadata
         if rec.pushed_by:
             payload["pushed_by"] = rec.pushed_by
+        if rec.redactions:
+            payload["redactions"] = rec.redactions
         return tenant, doc_id, op, ts, payload
 
 

@@ -114,17 +114,17 @@ pushed changes, re-injected dead letters and the JSONL input of ``source.path``.
 
 def build_redact(
     settings: Settings, metrics: Metrics, environ: Mapping[str, str] | None = None
-) -> RedactStage | None:
-    """The redaction stage (``redaction.*``); None when redaction is off.
+) -> RedactStage:
+    """The redaction stage (``redaction.*``); with redaction off it redacts nothing.
 
     The key of the ``hash`` action is read from ``environ`` (the process
     environment by default): a policy that hashes without one refuses to start,
-    as does one that names an unknown entity type or source.
+    as does one that names an unknown entity type or source. Off or on, the
+    stage keeps the push journal's own fields (``pushed_by``, ``redactions``)
+    to changes read from the journal.
     """
     names = [*(spec.name for spec in settings.sources), *BUILTIN_SOURCES]
     redactor = Redactor.from_settings(settings.redaction, environ=environ, sources=names)
-    if redactor is None:
-        return None
     push, replay = settings.push_dir, settings.replay_dir
 
     def builtin(partition: str) -> str:

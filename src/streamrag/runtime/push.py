@@ -20,6 +20,14 @@ pipeline has not read yet; beyond that a push is refused with
 :class:`~streamrag.errors.OverloadedError` (HTTP 429 with ``Retry-After``),
 so a fast writer cannot grow it without bound while the embedder is behind.
 
+**Redaction.** The journal is a file of the job's state like any other, so
+personal data is taken out before a change is written to it: each upsert goes
+through the job's redactor under the ``push`` policy (:mod:`streamrag.ingest.pii`),
+and the line keeps what was found as ``redactions`` (counts by entity type,
+never values) for the epoch's audit record. A change the policy drops is
+refused with the push, naming the types found — the client learns at once.
+Counts a client sends are discarded.
+
 **Visibility.** After each commit the reader tells the journal what is durable
 (:class:`~streamrag.sources.base.AcknowledgesCommits`); a push that asked to
 wait (``wait_for_commit``) returns the epoch that made its changes visible:
@@ -40,6 +48,7 @@ import msgspec
 
 from streamrag.errors import OverloadedError, RequestError
 from streamrag.ingest import Decoder
+from streamrag.ingest.pii import Redactor
 from streamrag.sources.base import RawBatch
 from streamrag.sources.files import JsonlSource, JsonlSourceReader
 from streamrag.timing import Clock, format_timestamp
@@ -118,6 +127,8 @@ class PushJournal:
         self._epoch: int | None = None
         self._wake: threading.Event | None = None
         self._read_rate = 0.0
+        self.redactor: Redactor | None = None
+        """The job's redactor: upserts are redacted before they are journaled (None: off)."""
         self._open()
 
     def _open(self) -> None:
@@ -195,6 +206,7 @@ class PushJournal:
                 bad.append(f"change {i}: expected a JSON object, found {type(change).__name__}")
                 continue
             record = dict(change)
+            record.pop("redactions", None)  # only the journal says what it redacted
             record.setdefault("event_time", now)
             key = record.get("idempotency_key")
             if key is not None and (not isinstance(key, str) or not key.strip()):
@@ -209,6 +221,13 @@ class PushJournal:
             if letters:
                 bad.append(f"change {i}: {letters[0].reason}")
                 continue
+            if self.redactor is not None and record.get("op", "upsert") != "delete":
+                redacted = _redact(self.redactor, record)
+                if isinstance(redacted, str):
+                    bad.append(f"change {i}: {redacted}")
+                    continue
+                if redacted is not record:
+                    line = encode(redacted)
             out.append((key, line))
         if bad:
             shown = "; ".join(bad[:_MAX_SHOWN])
@@ -413,3 +432,17 @@ def changes_of(items: Iterable[Mapping[str, Any]], size: int) -> Iterable[list[M
             chunk = []
     if chunk:
         yield chunk
+
+
+def _redact(redactor: Redactor, record: dict[str, Any]) -> dict[str, Any] | str:
+    """``record`` redacted under the ``push`` policy, or why the policy refuses it."""
+    try:
+        done = redactor.redact(record, "push")
+    except Exception as exc:  # nothing unchecked reaches the journal
+        return (
+            f"the redaction failed ({type(exc).__name__}); the change was not taken, "
+            "so nothing of it was stored unredacted"
+        )
+    if done.payload is None:
+        return f"{done.reason or 'dropped by the redaction policy'}; it was not taken"
+    return dict(done.payload) if done.counts else record

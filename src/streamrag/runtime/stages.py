@@ -37,9 +37,9 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import Splitter, content_hash
@@ -147,15 +147,37 @@ class RedactStage:
             name = self._names[partition] = self.source_name(partition)
         return name
 
+    def _provenance(
+        self, changes: ChangeBatch, named: dict[str, str]
+    ) -> list[Mapping[str, Any]] | None:
+        """The payloads without the journal's own fields where another source claims them.
+
+        ``pushed_by`` and ``redactions`` go into the audit record, so only
+        changes read from the push journal may carry them; a file or a queue
+        that sends them has them removed. None when no change carries them.
+        """
+        payloads = changes.payloads
+        claimed = [i for i, p in enumerate(payloads) if "redactions" in p or "pushed_by" in p]
+        if not claimed:
+            return None
+        out = list(payloads)
+        for i in claimed:
+            if self.name_of(changes.sources[i], named) != "push":
+                out[i] = {k: v for k, v in out[i].items() if k not in _JOURNAL_ONLY}
+        return out
+
     def __call__(
         self, changes: ChangeBatch, raws: Sequence[RawBatch] = (), /, *, replay: bool = False
     ) -> StageResult[ChangeBatch]:
         """Redact the upserts of ``changes`` (read from ``raws``); refused ones become letters."""
-        redactor = self.redactor
-        if redactor is None or not len(changes):
+        if not len(changes):
             return StageResult(changes)
         named = {r.source: r.decoder for r in raws if r.decoder is not None}
-        payloads = list(changes.payloads)
+        payloads = self._provenance(changes, named)
+        redactor = self.redactor
+        if redactor is None:
+            return StageResult(changes if payloads is None else replace(changes, payloads=payloads))
+        payloads = list(changes.payloads) if payloads is None else payloads
         keep: list[int] = []
         letters: list[DeadLetter] = []
         counts: Counter[str] = Counter()
@@ -163,6 +185,7 @@ class RedactStage:
             if op == Op.DELETE:
                 keep.append(i)
                 continue
+            carried = payloads[i].get("redactions")  # what the push journal took out
             try:
                 done = redactor.redact(payloads[i], self.name_of(changes.sources[i], named))
             except Exception as exc:  # a stage error must not stop the stream
@@ -173,12 +196,21 @@ class RedactStage:
                 letters.append(change_letter(changes, i, "redact", done.reason or "dropped"))
                 continue
             payloads[i] = done.payload
+            if carried:
+                counts.update(carried)
+                if done.counts:
+                    total = Counter(carried) + Counter(done.counts)
+                    payloads[i] = {**done.payload, "redactions": dict(sorted(total.items()))}
             keep.append(i)
         if counts and self.metrics is not None and not replay:
             for entity, n in counts.items():
                 self.metrics.redactions.labels(entity=entity).inc(n)
         out = replace(changes, payloads=payloads)
         return StageResult(out if len(keep) == len(changes) else out.take(keep), letters)
+
+
+_JOURNAL_ONLY = ("pushed_by", "redactions")
+"""Payload fields only the push journal writes: who pushed a change, what it redacted."""
 
 
 def _redaction_failed(exc: Exception) -> str:
