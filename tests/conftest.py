@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from streamrag.embed.base import Embedder
 from streamrag.index import ExactIndex
 from streamrag.ingest import DeadLetterStore
 from streamrag.runtime import Pipeline
+from streamrag.runtime.service import Service
 from streamrag.sources import JsonlSource
 from streamrag.testing import CountingEmbedder, FakeEmbedder, ManualClock, ScriptedSource
 
@@ -36,6 +38,35 @@ def with_batcher(kwargs: dict[str, Any], clock: ManualClock) -> dict[str, Any]:
     args.setdefault("max_delay_ms", 20)
     kwargs["batcher"] = MicroBatcher(clock=clock, **args)
     return kwargs
+
+
+@pytest.fixture(autouse=True)
+def _stop_forgotten_services(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stop every Service a test made and did not stop, when the test ends.
+
+    A service's sources hold files and folder-watch threads (an inotify
+    instance each, of 128 per user by default): left open by hundreds of tests
+    they exhaust the limit and later tests see "too many open files".
+    """
+    made: list[Service] = []
+    stopped: set[int] = set()
+    init, stop = Service.__init__, Service.stop
+
+    def tracked_init(self: Service, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    def tracked_stop(self: Service) -> None:
+        stopped.add(id(self))
+        stop(self)
+
+    monkeypatch.setattr(Service, "__init__", tracked_init)
+    monkeypatch.setattr(Service, "stop", tracked_stop)
+    yield
+    for svc in made:
+        if id(svc) not in stopped:
+            with contextlib.suppress(Exception):  # the test is over: only resources matter
+                stop(svc)
 
 
 @pytest.fixture

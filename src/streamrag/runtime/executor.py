@@ -61,6 +61,7 @@ class PipelineRunner:
         self._queued = threading.Event()
         self._threads: list[threading.Thread] = []
         self._reader_done = threading.Event()
+        self._closed = False
         self.wake = threading.Event()
         """Set when a poll may find something: by the sources that wake, by pushes, by stop."""
         reader = pipeline.reader
@@ -106,9 +107,12 @@ class PipelineRunner:
         self._stop.set()
         self._queued.set()
         self.wake.set()
+        ran = bool(self._threads)
         for t in self._threads:
             t.join()
         self._threads = []
+        if not ran and not self._closed:  # never started: its loops did not close the pipeline
+            self._close()
 
     # -- loops -----------------------------------------------------------------
 
@@ -186,6 +190,7 @@ class PipelineRunner:
         self._close()
 
     def _close(self) -> None:
+        self._closed = True  # the reader's files and watch threads are released once
         try:
             self.pipeline.close()
         except StreamragError as exc:
