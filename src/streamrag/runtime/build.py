@@ -76,8 +76,15 @@ def build_pipeline(
     push: PushJournal | None = None,
     choice: EmbedderChoice | None = None,
 ) -> Pipeline:
-    """The job's pipeline, resuming from ``cursor`` (the index's, after a restart)."""
+    """The job's pipeline, resuming from ``cursor`` (the index's, after a restart).
+
+    The push journal gets the pipeline's redactor: pushed changes are redacted
+    before they are journaled.
+    """
     emb = settings.embedder
+    redact = build_redact(settings, metrics)
+    if push is not None:
+        push.redactor = redact.redactor
     return Pipeline(
         source=source or build_source(settings, push),
         embedder=embedder,
@@ -103,7 +110,7 @@ def build_pipeline(
         history=settings.index.kind == "lsm" and settings.index.history == "full",
         window_side_output=settings.event_time.late_to_dead_letter,
         choice=choice,
-        redact=build_redact(settings, metrics),
+        redact=redact,
     )
 
 

@@ -107,8 +107,6 @@ class Service:
             push=self.journal,
             choice=self.serving.choice,
         )
-        if self.journal is not None:  # pushed changes are redacted before they are journaled
-            self.journal.redactor = self.pipeline.intake.redact.redactor
         # One hash-chained record per committed epoch, and what a crash left to append.
         self.audit = build_epoch_audit(settings, self.pipeline, lambda: self.serving.number)
         self.reindexer = Reindexer(self)
