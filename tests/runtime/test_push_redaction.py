@@ -130,3 +130,32 @@ def test_a_file_cannot_claim_the_journal_fields(tmp_path: Path) -> None:
         assert records, "the job committed nothing"
         assert _summed(records) == {}
         assert all("mallory" not in json.dumps(r) for r in records)
+
+
+def test_versions_out_of_order_in_one_batch_with_a_hostile_line_are_redacted_and_counted(
+    tmp_path: Path,
+) -> None:
+    """Several versions of one document in one push, late ones among them, beside bad input."""
+    svc = _service(tmp_path, **{"batcher.max_batch_size": 64})
+    versions = [  # arrival order: the newest first, then two older ones
+        {"doc_id": "p1", "event_time": T0 + 2, "text": f"v3 mail {EMAIL}"},
+        {"doc_id": "p1", "event_time": T0, "text": f"v1 mail {EMAIL} and {IBAN}"},
+        {"doc_id": "p1", "event_time": T0 + 1, "text": f"v2 key {SECRET}"},
+    ]
+    svc.push(versions)
+    with pytest.raises(RequestError):  # a hostile change refuses its push, with no value echoed
+        svc.push([{"doc_id": "p2", "event_time": "not a time", "text": f"mail {EMAIL}"}])
+    svc.push([{"doc_id": "p1", "event_time": T0 - 5, "text": f"v0 late {EMAIL}"}])  # late
+    journal = b"".join(p.read_bytes() for p in (tmp_path / "state" / "push").glob("*"))
+    svc.pipeline.run_until_caught_up()
+    texts = _texts(svc)
+    history = svc.pipeline.index.doc_history("default", "p1")
+    metrics = svc.metrics
+    svc.stop()
+    for raw in (EMAIL.encode(), b"GB82", SECRET.encode()):
+        assert raw not in journal
+    assert texts == {"p1": "v3 mail [EMAIL]"}  # the newest event time wins, masked
+    assert len(history) == 4  # every version is kept, each one redacted
+    # Every version's finds are counted once, in the epochs that committed them.
+    assert _summed(_audit(tmp_path)) == {"EMAIL": 3, "IBAN": 1, "SECRET": 1}
+    assert _metric(metrics, "EMAIL") == 3.0

@@ -13,6 +13,7 @@ earlier ``epoch``, the answer cache, and window keys.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -431,3 +432,58 @@ def test_the_openai_client_works_with_a_key(service: Service) -> None:
             stranger.models.list()
         alpha.close()
         stranger.close()
+
+
+def test_the_other_tenant_stays_out_while_it_ingests_many_versions(tmp_path: Path) -> None:
+    """Live ingest beside the reads: bravo pushes versions out of order while alpha queries.
+
+    Each push holds several versions of each bravo document, newest first; the
+    alpha reader queries all the while, naming bravo's new documents by id.
+    Every answer is alpha's alone, and the epochs it read moved under it.
+    """
+    svc = keyed_service(tmp_path)
+    svc.start()
+    ids = [f"bravo-live-{i}" for i in range(6)]
+    rounds = 12
+
+    def write() -> None:
+        for r in range(rounds):
+            svc.push(
+                [
+                    {
+                        "doc_id": doc,
+                        "tenant": BRAVO,
+                        "event_time": 1_710_000_000 + 10 * r + v,
+                        "text": f"bravo secret {r}.{v}: quarterly revenue forecast, database "
+                        "password rotation",
+                    }
+                    for doc in ids
+                    for v in (2, 0, 1)  # the newest version first, two older ones after it
+                ],
+                wait_for_commit=r == rounds - 1,
+            )
+
+    epochs: set[int] = set()
+    writer = threading.Thread(target=write, name="bravo-writer")
+    try:
+        with (
+            ThreadedUvicorn(create_app(svc, manage_service=False)) as server,
+            httpx.Client(base_url=server.url, headers=auth("alpha-reader")) as c,
+        ):
+            writer.start()
+            asked = 0
+            while writer.is_alive() or asked < 20:
+                body = {"query": Q, "k": 10, "filters": {"doc_id": [*ids, "alpha-plan"]}}
+                found = clean(c.post("/v1/retrieve", json=body))
+                epochs.add(found["epoch"])
+                assert {hit["doc_id"] for hit in found["results"]} == {"alpha-plan"}
+                asked += 1
+            writer.join()
+            after = clean(c.post("/v1/retrieve", json={"query": Q, "k": 50}))
+    finally:
+        writer.join()
+        svc.stop()
+    assert len(epochs) > 1, "ingest did not move while alpha read: nothing was concurrent"
+    assert {hit["tenant"] for hit in after["results"]} == {ALPHA}
+    bravo = svc.index.doc_state(BRAVO, ids[0])
+    assert bravo is not None, "bravo's pushes were not committed"

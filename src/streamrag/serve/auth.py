@@ -225,7 +225,7 @@ class KeyRing:
     def authenticate(self, key: str) -> Principal | None:
         """The principal of ``key``, or None when no key matches (constant-time compare)."""
         self._maybe_reload()
-        digest = hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+        digest = bytes.fromhex(hash_key(key))  # headers are read as latin-1: always encodable
         found: Principal | None = None
         for stored, principal in self._digests:  # every hash is compared, match or not
             if hmac.compare_digest(stored, digest):
