@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import machine_info
@@ -98,8 +99,14 @@ def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[st
 
 
 def case(
-    tmp: Path, name: str, spec: dict[str, Any], concurrency: int, duration: float
+    tmp: Path,
+    name: str,
+    spec: dict[str, Any],
+    concurrency: int,
+    duration: float,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    extra = extra or {}
     work = tmp / name
     work.mkdir()
     data = work / "changes.jsonl"
@@ -112,7 +119,7 @@ def case(
             [" ".join(rng.choice(WORDS) for _ in range(rng.randrange(3, 7))) for _ in range(500)]
         )
     )
-    server = ServerProcess(work, data, {**spec["settings"], "stop_timeout_s": 2})
+    server = ServerProcess(work, data, {**spec["settings"], **extra, "stop_timeout_s": 2})
     client = httpx.Client(timeout=60)
     try:
         server.start()
@@ -192,7 +199,15 @@ def main() -> None:
     ap.add_argument("--embedders", nargs="*", default=list(EMBEDDERS))
     ap.add_argument("--name", default="contention")
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the server (dotted key, YAML value), e.g. serve.switch_interval_ms=5",
+    )
     args = ap.parse_args()
+    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     results: dict[str, Any] = {
         "command": "benchmarks/contention.py " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
@@ -201,7 +216,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.embedders:
             results["cases"][name] = case(
-                Path(tmp), name, EMBEDDERS[name], args.concurrency, args.duration
+                Path(tmp), name, EMBEDDERS[name], args.concurrency, args.duration, extra
             )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))

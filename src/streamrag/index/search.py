@@ -21,7 +21,10 @@ A query runs against the segments of the manifest it pinned, each in three steps
    many until the segment is exhausted (then it is scanned exactly). So a filter
    never silently returns fewer than ``k`` results when ``k`` rows match.
 
-Per-segment top-``k`` lists are merged by score.
+Every exactly scanned segment writes its scores into one shared row per query
+(:class:`_Scan`), masked rows set to ``-inf``, and one selection picks the
+top ``k`` over all of them: a query pays one partial sort, not one per segment
+plus a merge. ANN segments' top-``k`` lists are merged with that by score.
 """
 
 from __future__ import annotations
@@ -69,13 +72,21 @@ def search_segments(
     """Top-``k`` hits per query over the pinned views."""
     m = queries.shape[0]
     parts: list[_Found] = []
+    scan = _Scan()
     for view in views:
         seg, n = view.segment, view.rows
         if n == 0 or _pruned(seg, spec):
             continue
-        found = _search_one(seg, n, queries, k, spec, latest_epoch, tuning)
+        found = _search_one(seg, n, queries, k, spec, latest_epoch, tuning, scan)
         if found is not None:
             parts.append(found)
+    if scan.parts:
+        parts.append(scan.top(queries, k))
+    if len(parts) == 1 and parts[0].which is not None:
+        f = parts[0]
+        assert f.which is not None
+        assert f.segments is not None
+        return _materialize(f.segments, f.which, f.rows, f.scores)
     if not parts:
         return [[] for _ in range(m)]
     if len(parts) == 1 and parts[0].ordered:
@@ -83,9 +94,19 @@ def search_segments(
         f = parts[0]
         which = np.zeros(f.rows.shape, dtype=np.int64)
         return _materialize([f.segment], which, f.rows, f.scores)
+    segs: list[Segment] = []
+    whiches: list[I64] = []
+    for f in parts:
+        if f.which is None:
+            whiches.append(np.full(f.rows.shape, len(segs), dtype=np.int64))
+            segs.append(f.segment)
+        else:
+            assert f.segments is not None
+            whiches.append(f.which + len(segs))
+            segs.extend(f.segments)
     scores = np.hstack([f.scores for f in parts]) if len(parts) > 1 else parts[0].scores
     local = np.hstack([f.rows for f in parts]) if len(parts) > 1 else parts[0].rows
-    which = np.hstack([np.full(f.rows.shape, g, dtype=np.int64) for g, f in enumerate(parts)])
+    which = np.hstack(whiches) if len(parts) > 1 else whiches[0]
     kk = min(k, scores.shape[1])
     if kk < scores.shape[1]:
         top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
@@ -94,7 +115,7 @@ def search_segments(
         which = np.take_along_axis(which, top, axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")
     return _materialize(
-        [f.segment for f in parts],
+        segs,
         np.take_along_axis(which, order, axis=1),
         np.take_along_axis(local, order, axis=1),
         np.take_along_axis(scores, order, axis=1),
@@ -165,12 +186,117 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
 
 @dataclass(slots=True)
 class _Found:
-    """One segment's candidates: (queries × up to k) rows and scores, -inf where none."""
+    """Candidates: (queries × up to k) rows and scores, -inf where none.
+
+    From one ``segment``, or (``which`` set) from several: ``which`` numbers
+    each candidate's segment in ``segments``.
+    """
 
     segment: Segment
     scores: F32
     rows: I64
     ordered: bool = False  # best first in every row, -inf entries last
+    which: I64 | None = None
+    segments: list[Segment] | None = None
+
+
+@dataclass(slots=True)
+class _Part:
+    """One segment's share of an exact scan: the rows it scores, and which of them count.
+
+    ``rows`` set: those rows, gathered (a selective filter). Otherwise the run
+    ``[lo, hi)``, with ``keep`` (over that run) saying which rows count; None:
+    every one.
+    """
+
+    segment: Segment
+    lo: int
+    hi: int
+    rows: I64 | None
+    keep: npt.NDArray[np.bool_] | None
+
+    @property
+    def width(self) -> int:
+        return self.hi - self.lo if self.rows is None else int(self.rows.size)
+
+
+class _Scan:
+    """The exactly scanned segments of one search, scored into one row per query.
+
+    Each part writes its scores into its columns of one ``(queries × columns)``
+    array, rows the filter rejects set to ``-inf``; :meth:`top` then selects
+    the best ``k`` of every query once, over all parts. Scoring several
+    segments this way costs what scoring one segment of their total size costs.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[_Part] = []
+
+    def add(self, seg: Segment, n: int, mask: npt.NDArray[np.bool_] | None) -> None:
+        """Score ``seg``'s first ``n`` rows where ``mask`` admits them (None: all)."""
+        if mask is None:
+            self.parts.append(_Part(seg, 0, n, None, None))
+            return
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            return
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        if hi - lo == rows.size:
+            # One run (everything, or a time range over a segment in event-time
+            # order): score that slice, nothing to mask.
+            self.parts.append(_Part(seg, lo, hi, None, None))
+        elif hi - lo <= 2 * rows.size:
+            self.parts.append(_Part(seg, lo, hi, None, mask[lo:hi]))
+        elif rows.size * 4 <= n:
+            # A selective filter: gather the matching rows and score only those.
+            self.parts.append(_Part(seg, 0, 0, rows, None))
+        else:
+            self.parts.append(_Part(seg, 0, n, None, mask[:n]))
+
+    def top(self, q: F32, k: int) -> _Found:
+        """The best ``k`` rows over every part for each query, best first."""
+        m = q.shape[0]
+        widths = [p.width for p in self.parts]
+        starts = np.cumsum([0, *widths])
+        total = int(starts[-1])
+        scores = np.empty((m, total), dtype=np.float32)
+        for part, start in zip(self.parts, starts.tolist(), strict=False):
+            out = scores[:, start : start + part.width]
+            vectors = part.segment.vectors
+            if part.rows is not None:
+                np.matmul(q, vectors[part.rows].T, out=out)
+                continue
+            block = vectors[part.lo : part.hi]
+            if m < 4:
+                # Below four queries, one matrix-vector product each beats a thin product.
+                for i in range(m):
+                    np.dot(block, q[i], out=out[i])
+            else:
+                np.matmul(q, block.T, out=out)
+            if part.keep is not None:
+                np.copyto(out, -np.inf, where=~part.keep)
+        kk = min(k, total)
+        if kk < total:
+            cols = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+            picked = np.take_along_axis(scores, cols, axis=1)
+        else:
+            cols = np.broadcast_to(np.arange(total), (m, total))
+            picked = scores
+        order = np.argsort(-picked, axis=1, kind="stable")
+        cols = np.take_along_axis(cols, order, axis=1)
+        picked = np.take_along_axis(picked, order, axis=1)
+        which = np.searchsorted(starts, cols, side="right") - 1
+        rows = cols - starts[which]
+        for g, part in enumerate(self.parts):
+            if part.rows is not None:
+                sel = which == g
+                rows[sel] = part.rows[rows[sel]]
+            elif part.lo:
+                rows[which == g] += part.lo
+        segments = [p.segment for p in self.parts]
+        return _Found(segments[0], picked, rows, True, which, segments)
 
 
 def _pruned(seg: Segment, spec: ReadSpec) -> bool:
@@ -202,11 +328,18 @@ def _search_one(
     spec: ReadSpec,
     latest_epoch: int,
     tuning: SearchTuning,
+    scan: _Scan,
 ) -> _Found | None:
+    """Search one segment: exactly (added to ``scan``; returns None) or through its ANN."""
     ann = seg.ann if seg.sealed else None
     if ann is None or ann.rows != n:
-        mask = seg.mask(n, spec)
-        return None if mask is None else _exact(seg, n, q, k, mask)
+        if _all_visible(seg, spec):
+            scan.add(seg, n, None)
+        else:
+            mask = seg.mask(n, spec)
+            if mask is not None:
+                scan.add(seg, n, mask)
+        return None
     simple = (
         not spec.narrows
         and spec.as_of == NEVER
@@ -230,8 +363,25 @@ def _search_one(
             mask = seg.mask(n, spec)
             if mask is None:
                 return None
-        return _exact(seg, n, q, k, mask)
+        scan.add(seg, n, mask)
+        return None
     return _ann(seg, n, q, k, spec, mask, share)
+
+
+def _all_visible(seg: Segment, spec: ReadSpec) -> bool:
+    """True when every row of the segment passes the filter, judged from its bounds.
+
+    The common read (the latest epoch, no narrowing filter, a one-tenant
+    segment with nothing superseded) needs no mask at all.
+    """
+    return (
+        not spec.narrows
+        and spec.as_of == NEVER
+        and seg.stamped == 0
+        and seg.max_created <= spec.epoch
+        and len(seg.tenant_codes.names) == 1
+        and spec.tenant in seg.tenant_codes.codes
+    )
 
 
 def _exact(seg: Segment, n: int, q: F32, k: int, mask: npt.NDArray[np.bool_]) -> _Found:
