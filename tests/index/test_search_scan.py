@@ -44,7 +44,9 @@ class _World:
         self.offset = 0
 
     def commit(self, changes: list[tuple[str, str, Op, int]]) -> None:
-        docs, ids, vecs = [], [], []
+        docs: list[DocOp] = []
+        ids: list[int] = []
+        vecs: list[np.ndarray] = []
         for tenant, doc, op, t in changes:
             self.offset += 1
             first = len(ids)
