@@ -14,6 +14,11 @@ three steps, cheapest first:
    IBAN, an identity number's birth date and check character, an assigned
    country calling code.
 
+Before any of them, the :class:`~.policy.Redactor` asks its :class:`Screen`:
+each built-in detector declares the characters every text it can find
+something in holds (:class:`Candidates`: ``@``, a digit, ``_``...), and a
+text with none of them all, plain prose, skips the detectors altogether.
+
 Detectors are looked up by name in a registry (:func:`register_detector`,
 :func:`build_detector`); ``redaction.detectors`` lists the names (or import
 paths ``pkg.mod:Factory`` of one's own). Where finds of several detectors
@@ -44,6 +49,7 @@ from streamrag.ingest.pii.validators import (
 )
 
 __all__ = [
+    "Candidates",
     "CardDetector",
     "CnIdDetector",
     "Detector",
@@ -51,6 +57,7 @@ __all__ = [
     "IbanDetector",
     "IpDetector",
     "PhoneDetector",
+    "Screen",
     "Span",
     "build_detector",
     "build_detectors",
@@ -80,6 +87,58 @@ class Detector(Protocol):
     def find(self, text: str) -> list[Span]:
         """Every value found in ``text``, in order."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What every text a detector finds something in holds: one of the ASCII ``chars``.
+
+    A necessary condition, never a sufficient one: a text with none of them is
+    one the detector returns no span for, so it need not be asked. A detector
+    declares it as its ``candidates`` attribute; one without it is always asked.
+    """
+
+    chars: str
+
+
+_DIGITS = "0123456789"
+
+
+class Screen:
+    """The candidates of several detectors together: one pass over a text rules it out.
+
+    Built by :meth:`of` only when every detector declares :class:`Candidates`.
+    Calling it says whether the text may hold something for any of them; a text
+    of plain words (no digit, no ``@``, no punctuation the detectors look for)
+    is ruled out with one ``bytes.translate`` instead of a call to every detector.
+    """
+
+    def __init__(self, parts: Iterable[Candidates]) -> None:
+        parts = list(parts)
+        chars = sorted({c for p in parts for c in p.chars})
+        if any(not c.isascii() for c in chars):
+            msg = f"candidate characters must be ASCII, found {chars}"
+            raise ValueError(msg)
+        self.chars = "".join(chars)
+        self._bytes = self.chars.encode("ascii")
+
+    @classmethod
+    def of(cls, detectors: Iterable[object]) -> Screen | None:
+        """The screen of ``detectors``; None if one of them declares no candidates."""
+        parts = []
+        for d in detectors:
+            c = getattr(d, "candidates", None)
+            if not isinstance(c, Candidates):
+                return None
+            parts.append(c)
+        return cls(parts)
+
+    def __call__(self, text: str) -> bool:
+        """False when no detector can find anything in ``text``; True when one may."""
+        # UTF-8 encodes every non-ASCII character with bytes >= 0x80 only, so the
+        # ASCII candidates are found as bytes exactly where they are characters.
+        raw = text.encode("utf-8", "surrogatepass")
+        return len(raw.translate(None, self._bytes)) != len(raw)
 
 
 def resolve(found: Iterable[tuple[int, Span]]) -> list[Span]:
@@ -141,6 +200,7 @@ class EmailDetector:
 
     name: str = "email"
     entities: tuple[str, ...] = ("EMAIL",)
+    candidates: Candidates = Candidates("@")
 
     def find(self, text: str) -> list[Span]:
         """Every address in ``text``."""
@@ -264,6 +324,7 @@ class PhoneDetector:
 
     name: str = "phone"
     entities: tuple[str, ...] = ("PHONE",)
+    candidates: Candidates = Candidates(_DIGITS)  # its prefilter wants eight digits or more
 
     def find(self, text: str) -> list[Span]:
         """Every phone number in ``text``."""
@@ -362,6 +423,7 @@ class CardDetector:
 
     name: str = "card"
     entities: tuple[str, ...] = ("CARD",)
+    candidates: Candidates = Candidates(_DIGITS)  # its prefilter wants thirteen digits or more
 
     def find(self, text: str) -> list[Span]:
         """Every card number in ``text``."""
@@ -402,6 +464,7 @@ class IbanDetector:
 
     name: str = "iban"
     entities: tuple[str, ...] = ("IBAN",)
+    candidates: Candidates = Candidates(_DIGITS)  # its prefilter wants eight digits or more
 
     def find(self, text: str) -> list[Span]:
         """Every IBAN in ``text``."""
@@ -429,6 +492,7 @@ class CnIdDetector:
 
     name: str = "cn_id"
     entities: tuple[str, ...] = ("CN_ID",)
+    candidates: Candidates = Candidates(_DIGITS)  # its prefilter wants seventeen digits or more
 
     def find(self, text: str) -> list[Span]:
         """Every identity number in ``text``."""
@@ -467,6 +531,7 @@ class IpDetector:
 
     name: str = "ip"
     entities: tuple[str, ...] = ("IP",)
+    candidates: Candidates = Candidates(_DIGITS)  # its prefilter wants two digits or more
 
     def find(self, text: str) -> list[Span]:
         """Every address in ``text``."""

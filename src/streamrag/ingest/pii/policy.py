@@ -42,7 +42,7 @@ from typing import Any, get_args
 from streamrag.config.redaction import Action, RedactionSettings
 from streamrag.errors import ConfigError, InputError
 from streamrag.ingest.deadletter import DeadLetter
-from streamrag.ingest.pii.detectors import Detector, Span, build_detectors, resolve
+from streamrag.ingest.pii.detectors import Detector, Screen, Span, build_detectors, resolve
 
 __all__ = ["MIN_KEY_CHARS", "Policy", "Redacted", "Redactor"]
 
@@ -182,6 +182,9 @@ class Redactor:
         key_env: str = "STREAMRAG_REDACTION_KEY",
     ) -> None:
         self.detectors = list(detectors)
+        self._screen = Screen.of(self.detectors)
+        """Rules out, in one pass, a text none of the detectors can find anything in
+        (None when a detector declares no candidates: then every one is asked)."""
         self.policy = policy or Policy()
         self._key = key
         hashed = self.policy.where("hash")
@@ -261,6 +264,9 @@ class Redactor:
         """
         if len(text) < _SHORTEST:
             return []
+        screen = self._screen
+        if screen is not None and not screen(text):
+            return []  # nothing any detector looks for: the common case of plain prose
         found: list[tuple[int, Span]] = []
         for rank, detector in enumerate(self.detectors):
             try:

@@ -36,7 +36,7 @@ import json
 import re
 from collections.abc import Callable
 
-from streamrag.ingest.pii.detectors import Span, resolve
+from streamrag.ingest.pii.detectors import Candidates, Span, resolve
 from streamrag.ingest.pii.validators import shannon_entropy
 
 __all__ = ["SecretDetector"]
@@ -170,6 +170,11 @@ class SecretDetector:
 
     name: str = "secrets"
     entities: tuple[str, ...] = ("SECRET",)
+    candidates: Candidates = Candidates("A_-/.:=0123456789")
+    """Every rule's literal holds one of these characters (``A`` of ``AKIA``, ``_`` of
+    ``ghp_``, ``-`` of ``xoxb-`` and ``sk-``, ``.`` of a JWT, ``/`` of a webhook), a PEM
+    block ``-``, an assignment ``:`` or ``=``; a bearer token is random only with an
+    ASCII digit (:func:`_random`)."""
 
     def find(self, text: str) -> list[Span]:
         """Every secret in ``text``."""

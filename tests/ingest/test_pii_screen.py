@@ -1,0 +1,158 @@
+"""The detectors' screen: a text it rules out is one no detector finds anything in.
+
+The :class:`~streamrag.ingest.pii.Redactor` skips its detectors for a text that
+holds none of their candidates (:class:`~streamrag.ingest.pii.detectors.Screen`).
+These tests fail if the screen ever rules out a text with a real finding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamrag.config.redaction import RedactionSettings
+from streamrag.ingest.pii import Redactor, Span
+from streamrag.ingest.pii.detectors import Candidates, Screen, build_detector
+from streamrag.ingest.pii.planted import planted_corpus
+
+BUILT_IN = ("secrets", "email", "cn_id", "iban", "card", "phone", "ip")
+
+PROSE = "dene zemaibe dibo kagou staimi laira mefube gasto vairi mapo maizo"
+"""Lower-case words and spaces: nothing any detector looks for."""
+
+
+def _redactors() -> tuple[Redactor, Redactor]:
+    """The default redactor, and the same without its screen (every detector asked)."""
+    screened = Redactor.from_settings(RedactionSettings())
+    unscreened = Redactor.from_settings(RedactionSettings())
+    assert screened is not None
+    assert unscreened is not None
+    assert screened._screen is not None
+    unscreened._screen = None
+    return screened, unscreened
+
+
+def _bare_values() -> list[str]:
+    """Every planted value of the corpus, alone between plain words (no other candidate)."""
+    out = []
+    for doc in planted_corpus(200, seed=3):
+        for p in doc.planted:
+            out.append(f"{PROSE} {p.value} {PROSE}")
+        for d in doc.decoys:
+            out.append(f"{PROSE} {d.value} {PROSE}")
+    return out
+
+
+HAND_MADE = [
+    "AKIAQWERTYUIOPASDFGH",  # an AWS key id: its only candidate is the A
+    "ghp_" + "aZ3kQ9xLm2Pq7Rt5Vw8Yb1Cd4Ef6Gh0JkLmN",
+    "github_pat_"
+    + "A1b2C3d4E5f6G7h8I9j0K1"
+    + "_"
+    + "x" * 10
+    + "Q7w8E9r0T1y2U3i4O5p6" * 2
+    + "abcdefghi",
+    "xoxb-123456789012-1234567890123-aZ3kQ9xLm2Pq7Rt5Vw8Yb1Cd",
+    "https://hooks.slack.com/services/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",
+    "sk-proj-aZ3kQ9xLm2Pq7Rt5Vw8Yb1Cd4Ef6Gh0JkLmNpQrStUv",
+    "sk_live_aZ3kQ9xLm2Pq7Rt5Vw8Yb1Cd4Ef",
+    "rk_live_aZ3kQ9xLm2Pq7Rt5Vw8Yb1Cd4Ef",
+    "authorization bearer qwzrtx9pvkmnbgfdshjlcyaeiou",  # a digit makes it random
+    "AUTHORIZATION BEARER qwzrtx9pvkmnbgfdshjlcyaeiou",
+    "password = hZ3kQ9xLm2Pq7Rt5Vw8Yb1",
+    "write to ada@example.org",
+    "call 13812345678",
+    "ip 8.8.4.4 answered",
+    "ip 2001:db8::1 answered",
+    "card 4111111111111111",
+    "iban GB82WEST12345698765432",
+    "id 11010519491231002X",
+]
+
+
+@pytest.mark.parametrize("text", HAND_MADE)
+def test_the_screen_lets_every_real_finding_through(text: str) -> None:
+    screened, unscreened = _redactors()
+    found = unscreened.find(f"{PROSE} {text} {PROSE}")
+    assert screened.find(f"{PROSE} {text} {PROSE}") == found
+
+
+def test_hand_made_samples_hold_findings() -> None:
+    """The samples above are real findings (else the test before proves nothing)."""
+    _, unscreened = _redactors()
+    missing = [t for t in HAND_MADE if not unscreened.find(f"{PROSE} {t} {PROSE}")]
+    assert missing == []
+
+
+def test_planted_values_alone_are_found_as_without_the_screen() -> None:
+    screened, unscreened = _redactors()
+    texts = _bare_values()
+    found = 0
+    for text in texts:
+        expected = unscreened.find(text)
+        found += bool(expected)
+        assert screened.find(text) == expected, text
+    assert found > len(texts) // 3  # the corpus's planted values are found
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_each_detector_finds_only_in_texts_its_candidates_admit(name: str) -> None:
+    detector = build_detector(name)
+    screen = Screen.of([detector])
+    assert screen is not None
+    for text in [*_bare_values(), *(f"{PROSE} {t} {PROSE}" for t in HAND_MADE)]:
+        if detector.find(text):
+            assert screen(text), (name, text)
+
+
+def test_plain_prose_is_ruled_out_and_finds_nothing() -> None:
+    screened, unscreened = _redactors()
+    assert screened._screen is not None
+    assert not screened._screen(PROSE)
+    assert not screened._screen("déjà vu ça naïve 你好 世界 prose")  # non-ASCII letters
+    assert screened.find(PROSE) == unscreened.find(PROSE) == []
+
+
+class _Own:
+    """A detector of one's own, with no candidates: the screen must not skip it."""
+
+    name = "own"
+    entities = ("WORD",)
+
+    def find(self, text: str) -> list[Span]:
+        i = text.find("zemaibe")
+        return [] if i < 0 else [Span(i, i + 7, "WORD")]
+
+
+def test_a_detector_without_candidates_turns_the_screen_off() -> None:
+    assert Screen.of([build_detector("email"), _Own()]) is None
+    red = Redactor([build_detector("email"), _Own()])
+    assert red.find(PROSE) == [Span(5, 12, "WORD")]
+
+
+def test_candidates_are_ascii() -> None:
+    with pytest.raises(ValueError, match="ASCII"):
+        Screen([Candidates("é")])
+
+
+_ALPHABET = "ab ABKISCeyJxoghprkstuvw_-/.:=@0123456789\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=_ALPHABET, min_size=0, max_size=120))
+def test_screened_and_unscreened_find_the_same(text: str) -> None:
+    screened, unscreened = _redactors()
+    assert screened.find(text) == unscreened.find(text)
+
+
+def test_random_mixes_of_values_and_prose_agree() -> None:
+    screened, unscreened = _redactors()
+    values = _bare_values()
+    rng = random.Random(11)
+    for _ in range(300):
+        parts = rng.sample(values, 2)
+        text = " ".join(p[len(PROSE) + 1 : len(p) - len(PROSE) - 1] for p in parts)
+        assert screened.find(text) == unscreened.find(text)
