@@ -246,24 +246,46 @@ def digest(chunks: Collection[bytes], tombstones: Collection[bytes]) -> dict[str
 
 
 def batch_leaves(batch: CommitBatch) -> tuple[list[bytes], list[bytes]]:
-    """The chunk and tombstone leaves of what ``batch`` stores (see the module docstring)."""
+    """The chunk and tombstone leaves of what ``batch`` stores (see the module docstring).
+
+    The same bytes as :func:`chunk_leaf` for each chunk, made per document: the
+    fields a document's chunks share are encoded once, each chunk adds its own,
+    and a chunk's text is taken by the content hash the batch carries for it
+    (the chunk stage made it from that text; ``audit verify`` computes it again
+    from the stored text). Its vector is hashed from a view of the batch's array.
+    """
     chunks: list[bytes] = []
     tombs: list[bytes] = []
+    texts, hashes = batch.texts, batch.hashes
+    by_hash = len(hashes) == len(texts)
+    vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
+    width = vectors.shape[1] * 4 if vectors.ndim == 2 else 0
+    flat = memoryview(vectors).cast("B") if vectors.size else memoryview(b"")
+    positions = np.asarray(batch.positions).tolist()
+    ids = np.asarray(batch.chunk_ids).tolist()
+    sha256, encode = hashlib.sha256, _LEAF.encode
     for d in batch.docs:
         if d.op == Op.DELETE or d.n_chunks == 0:  # the index keeps either as a tombstone
             tombs.append(tombstone_leaf(d.tenant, d.doc_id, d.event_time, d.offset))
             continue
+        shared = [
+            "chunk",
+            *(d.tenant, d.doc_id, int(d.event_time), int(d.offset), d.source, d.domain),
+            dict(d.metadata) if d.metadata else None,
+        ]
+        head = encode(shared)[:-1] + b","  # '[...shared' and the comma before the rest
         rows = range(d.first_chunk, d.first_chunk + d.n_chunks)
         for r, made_by in zip(rows, batch.embedders(rows), strict=True):
-            chunks.append(
-                chunk_leaf(
-                    *(d.tenant, d.doc_id, d.event_time, d.offset, d.source, d.domain),
-                    d.metadata,
-                    *(int(batch.positions[r]), int(batch.chunk_ids[r]), made_by),
-                    batch.texts[r],
-                    batch.vectors[r],
-                )
-            )
+            text_hash = hashes[r] if by_hash else content_hash(texts[r])
+            vec = flat[r * width : (r + 1) * width]
+            own = [
+                int(positions[r]),
+                int(ids[r]),
+                made_by,
+                text_hash.hex(),
+                sha256(vec).hexdigest(),
+            ]
+            chunks.append(head + encode(own)[1:])
     return chunks, tombs
 
 
