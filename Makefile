@@ -64,6 +64,7 @@ bench: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/embedders.py
 	$(PY) benchmarks/redaction.py
 	nice $(PY) benchmarks/ann_libraries.py
+	$(PY) benchmarks/goals.py
 
 constraints: $(STAMP)
 	$(PY) scripts/lock.py

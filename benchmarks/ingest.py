@@ -81,7 +81,7 @@ def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
 
 
 def time_pipeline(
-    name: str, dim: int, jsonl: Path, batch: int, state: Path
+    name: str, dim: int, jsonl: Path, batch: int, state: Path, index_kind: str = "lsm"
 ) -> tuple[float, Service]:
     """Seconds for a fresh Service to replay ``jsonl``, and the service."""
     overrides: dict[str, Any] = {
@@ -89,6 +89,7 @@ def time_pipeline(
         "source.path": str(jsonl),
         "state_dir": str(state),
         "batcher.max_batch_size": batch,
+        "index.kind": index_kind,
     }
     if name == "hashing":
         overrides["embedder.args"] = {"dim": dim}
@@ -107,7 +108,7 @@ def time_search(service: Service, queries: list[str], k: int) -> dict[str, float
     """In-process ``Service.retrieve_many`` latency for 1 and 16 queries per call (no HTTP)."""
     flt = SearchFilter(tenant=service.settings.ingest.default_tenant)
     out: dict[str, float] = {}
-    for size, calls in ((1, 200), (16, 50)):
+    for size, calls in ((1, 1000), (16, 100)):
         times = []
         for c in range(calls):
             i = (c * size) % max(1, len(queries) - size)
@@ -116,6 +117,7 @@ def time_search(service: Service, queries: list[str], k: int) -> dict[str, float
             times.append(time.perf_counter() - t0)
         ms = float(np.median(times) * 1000)
         out[f"batch{size}_median_ms"] = ms
+        out[f"batch{size}_p99_ms"] = float(np.percentile(times, 99) * 1000)
         out[f"batch{size}_qps_bound"] = size / (ms / 1000)
     return out
 
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--label", default="")
     p.add_argument("--queries", type=Path, help="JSON list of queries: also time search")
     p.add_argument("-k", type=int, default=5)
+    p.add_argument("--index-kind", default="lsm", help="lsm (the default) | exact")
     a = p.parse_args(argv)
     tag = f"[ingest {a.label or a.embedder}]"
 
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
             gc.collect()
             elapsed, service = time_pipeline(
-                a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}"
+                a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}", a.index_kind
             )
             pipe_s.append(elapsed)
             body = service.status()
@@ -171,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     best_pipe = lines / min(pipe_s)
     result = {
         "embedder": a.embedder,
+        "index_kind": a.index_kind,
         "changes": lines,
         "texts": len(texts),
         "batch": a.batch,
