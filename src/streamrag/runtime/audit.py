@@ -260,7 +260,7 @@ def batch_leaves(batch: CommitBatch) -> tuple[list[bytes], list[bytes]]:
     by_hash = len(hashes) == len(texts)
     vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
     width = vectors.shape[1] * 4 if vectors.ndim == 2 else 0
-    flat = memoryview(vectors).cast("B") if vectors.size else memoryview(b"")
+    flat = vectors.data.cast("B") if vectors.size else memoryview(b"")
     positions = np.asarray(batch.positions).tolist()
     ids = np.asarray(batch.chunk_ids).tolist()
     sha256, encode = hashlib.sha256, _LEAF.encode
