@@ -5,8 +5,9 @@ the parent)::
 
     python benchmarks/ingest.py --jsonl changes.jsonl --embedder hashing --repeats 3
 
-Each repeat first embeds the texts of every upsert with a fresh embedder in
-batches of ``--batch`` (docs/s), then replays the file through a fresh
+Each repeat first embeds, with a fresh embedder in batches of ``--batch``, the
+chunks the pipeline makes of every upsert (normalized and split by the job's
+splitter: the same texts the pipeline embeds; chunks/s), then replays the file through a fresh
 :class:`~streamrag.runtime.service.Service` with ``run_until_caught_up``
 (changes/s). Embedder models are loaded before the clock starts. One JSON object
 is printed on stdout; progress goes to stderr.
@@ -29,6 +30,8 @@ import numpy as np
 from streamrag.config import load_settings
 from streamrag.embed.base import Embedder, build_embedder
 from streamrag.index.base import SearchFilter
+from streamrag.ingest.normalize import normalize_text
+from streamrag.runtime.build import build_splitter
 from streamrag.runtime.service import Service
 
 
@@ -69,6 +72,21 @@ def _embedder(name: str, dim: int) -> Embedder:
     if callable(load):
         load()
     return emb
+
+
+def chunk_texts(name: str, dim: int, texts: list[str]) -> list[str]:
+    """The chunks the pipeline embeds for ``texts``: normalized, split by its splitter.
+
+    The bare embedder is timed on these, so that both sides embed the same
+    texts: a model with a short window (MiniLM) embeds several chunks of a long
+    document, where embedding the document whole would truncate it.
+    """
+    overrides: dict[str, Any] = {"embedder.class": name}
+    if name == "hashing":
+        overrides["embedder.args"] = {"dim": dim}
+    settings = load_settings(overrides=overrides, environ={})
+    splitter = build_splitter(settings, _embedder(name, dim))
+    return [chunk for text in texts for chunk in splitter.split(normalize_text(text))]
 
 
 def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
@@ -137,10 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     tag = f"[ingest {a.label or a.embedder}]"
 
-    texts, lines = read_upsert_texts(a.jsonl)
+    docs, lines = read_upsert_texts(a.jsonl)
     if a.embedder != "hashing":
         print(f"{tag} loading {a.embedder} …", file=sys.stderr, flush=True)
         _embedder(a.embedder, a.dim)  # import and warm the model files once
+    texts = chunk_texts(a.embedder, a.dim, docs)
     gc.collect()
     baseline = proc_status_kib()
     raw_s: list[float] = []
@@ -177,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "index_kind": a.index_kind,
         "changes": lines,
         "texts": len(texts),
+        "documents": len(docs),
         "batch": a.batch,
         "repeats": a.repeats,
         "embedder_seconds": raw_s,
