@@ -103,7 +103,7 @@ def goals() -> list[Goal]:
     )
     out.append(
         Goal(
-            "ingest, MiniLM: pipeline / bare embedder",
+            "ingest, the default embedder (MiniLM, ONNX int8): pipeline / bare embedder",
             _get(latest, "ingest_minilm", "ratio"),
             0.9,
             True,
