@@ -3,12 +3,16 @@
 :meth:`Flusher.flush` takes what the batcher says is due (size, deadline,
 watermark, tick), groups it for ``commit_interval_ms`` if set, and hands each
 batch to the :class:`~.commit.Committer`, whose docstring says why a commit is
-exactly once. A failed commit puts its batch back at the front of the batcher
-and its window output back in the outbox: nothing is lost, and the next flush
-tries again. After :meth:`Flusher.stop_by` it commits small batches (about half
-a second of embedding each) until the deadline and then stops; what is left is
-uncommitted, and a restart reads it again. Window output that waits with no
-change to commit gets a commit of its own, with no documents (:mod:`.outbox`).
+exactly once. While a backlog waits and batches are already as large as
+allowed, one commit takes as many due micro-batches as the embedder gets
+through in the adaptive controller's latency target
+(:meth:`Flusher._backlog_room`). A failed commit puts its batch back at the
+front of the batcher and its window output back in the outbox: nothing is
+lost, and the next flush tries again. After :meth:`Flusher.stop_by` it commits
+small batches (about half a second of embedding each) until the deadline and
+then stops; what is left is uncommitted, and a restart reads it again. Window
+output that waits with no change to commit gets a commit of its own, with no
+documents (:mod:`.outbox`).
 """
 
 from __future__ import annotations
@@ -66,13 +70,23 @@ class Flusher:
                 if p.clock.now_us() >= self._stop_at:
                     break  # the rest is read again on restart
                 cap = max(1, int(p.embedding.rate * 0.5)) if p.embedding.rate else 16
+            room = 0 if cap is not None else self._backlog_room(force)
             # From waiting to being embedded in one step: never in neither place or both.
             with p.ledger.moving():
                 taken = [batcher.take(cap)]
                 while self.commit_interval_us and batcher.pending and (force or batcher.due()):
                     taken.append(batcher.take())
+                chunks = sum(t.chunks for t in taken)
+                while (
+                    room
+                    and batcher.pending
+                    and chunks + batcher.target_size <= room
+                    and (force or batcher.due())
+                ):
+                    taken.append(batcher.take())
+                    chunks += taken[-1].chunks
                 p.ledger.in_flight = sum(len(t.changes) for t in taken)
-            self._commit(PendingBatch.merge(taken))
+            self._commit(PendingBatch.merge(taken), grouped=len(taken) > 1)
             done += 1
         now = p.clock.now_us()
         in_time = self._stop_at is None or now < self._stop_at
@@ -83,9 +97,28 @@ class Flusher:
             done += 1
         return done
 
-    def _commit(self, pending: PendingBatch) -> None:
+    def _backlog_room(self, force: bool) -> int:
+        """Chunks one commit may take from a backlog: 0 for one micro-batch per commit.
+
+        While a backlog waits (the batcher is full, or a forced flush drains it)
+        and batches are as large as ``max_batch_size`` lets them be (the adaptive
+        controller would make them larger still), one commit takes further due
+        micro-batches while its embedding stays within the controller's latency
+        target, at the embedder's recent rate. Each is embedded in calls of the
+        batch size as before; the commit's fsyncs and audit record are shared.
+        A change that arrives alone is never held back (nothing waits with it).
+        """
         p = self.p
-        step = p.batcher.target_size if self.commit_interval_us else 0
+        batcher, ctl, rate = p.batcher, p.batcher.controller, p.embedding.rate
+        if ctl is None or rate <= 0 or not (force or batcher.full):
+            return 0
+        if batcher.target_size < batcher.max_batch_size:
+            return 0  # the controller still sizes batches to its target: leave it to them
+        return int(rate * ctl.target_latency_s)
+
+    def _commit(self, pending: PendingBatch, *, grouped: bool = False) -> None:
+        p = self.p
+        step = p.batcher.target_size if self.commit_interval_us or grouped else 0
         self._sealed = None
         try:
             done = p.committer.apply(pending, self._capture, step)
