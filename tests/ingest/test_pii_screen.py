@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamrag.config.redaction import RedactionSettings
+from streamrag.errors import ConfigError
 from streamrag.ingest.pii import Redactor, Span
 from streamrag.ingest.pii.detectors import Candidates, Screen, build_detector
 from streamrag.ingest.pii.planted import planted_corpus
@@ -134,7 +135,7 @@ def test_a_detector_without_candidates_turns_the_screen_off() -> None:
 
 
 def test_candidates_are_ascii() -> None:
-    with pytest.raises(ValueError, match="ASCII"):
+    with pytest.raises(ConfigError, match="ASCII"):
         Screen([Candidates("é")])
 
 

@@ -118,7 +118,7 @@ class Screen:
         chars = sorted({c for p in parts for c in p.chars})
         if any(not c.isascii() for c in chars):
             msg = f"candidate characters must be ASCII, found {chars}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         self.chars = "".join(chars)
         self._bytes = self.chars.encode("ascii")
 
