@@ -56,6 +56,7 @@ bench: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/recovery.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/history.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/contention.py
+	$(PY) benchmarks/switch_interval.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_postgres.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_nats.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_folder.py

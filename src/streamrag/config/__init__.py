@@ -419,6 +419,14 @@ class ServeSettings(_Frozen):
         "many queries (else it keeps gathering): fewer, larger embedding calls when the "
         "embedder is the bottleneck (MiniLM); 1 = start at once.",
     )
+    switch_interval_ms: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="How long a thread may hold Python's interpreter lock while another waits "
+        "for it (sys.setswitchinterval; Python's default: 5 ms). Each hop of a query (event "
+        "loop, query worker, back) can wait this long behind the ingest thread.",
+    )
 
 
 class PushSettings(_Frozen):
