@@ -95,10 +95,11 @@ class Plan:
     ) -> int:
         """Add an upsert's chunks; ``current`` maps the document's current hashes to rows."""
         first = len(self.texts)
+        seen = self._first
         for pos, (chunk, h) in enumerate(zip(prep.chunks, prep.hashes, strict=True)):
-            slot = len(self.texts)
-            row = current.get(h)
-            src = self._first.get(h)
+            slot = first + pos
+            row = current.get(h) if current else None
+            src = seen.get(h)
             if row is not None:
                 self.reuse.append(slot)
                 self.reuse_rows.append(row)
@@ -108,7 +109,7 @@ class Plan:
             else:
                 self.embed.append(slot)
             if src is None:
-                self._first[h] = slot
+                seen[h] = slot
             self.ids.append(chunk_id(tenant, doc_id, pos))
             self.positions.append(pos)
             self.texts.append(chunk)
@@ -126,27 +127,31 @@ def plan(pending: PendingBatch, index: VectorIndex, *, history: bool) -> Plan:
     candidates = _candidates(keys, times, offsets, history=history)
     out = Plan(stale=len(changes) - len(candidates))
     prepared = pending.prepared or [None] * len(changes)
+    sources, payloads = changes.sources, changes.payloads
+    wants, doc_state = index.wants, index.doc_state
+    docs, doc_rows, add_chunks = out.docs, out.doc_rows, out.add_chunks
+    no_state: dict[bytes, int] = {}  # a new document: no chunk to reuse (never written to)
     for i in candidates:
         tenant, doc_id = keys[i]
-        if not index.wants(tenant, doc_id, times[i], offsets[i]):
+        if not wants(tenant, doc_id, times[i], offsets[i]):
             out.stale += 1
             continue
-        out.doc_rows.append(i)
-        source = changes.sources[i]
+        doc_rows.append(i)
+        source = sources[i]
         if ops[i] == Op.DELETE:
-            out.docs.append(DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], source))
+            docs.append(DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], source))
             continue
         prep = prepared[i]
         assert prep is not None  # every upsert was chunked before it was queued
-        state = index.doc_state(tenant, doc_id)
-        current = {}
+        state = doc_state(tenant, doc_id)
+        current = no_state
         if state is not None and not state.deleted:
             current = dict(zip(state.hashes, state.rows, strict=True))
-        first = out.add_chunks(tenant, doc_id, prep, current)
-        payload = changes.payloads[i]
+        first = add_chunks(tenant, doc_id, prep, current)
+        payload = payloads[i]
         domain = str(payload.get("domain", ""))
         metadata = payload.get("metadata") or None
-        out.docs.append(
+        docs.append(
             DocOp(
                 *(tenant, doc_id, Op.UPSERT, times[i], offsets[i], source),
                 *(domain, first, len(prep.chunks), metadata),

@@ -191,7 +191,8 @@ class RedactStage:
             except Exception as exc:  # a stage error must not stop the stream
                 letters.append(change_letter(changes, i, "redact", _redaction_failed(exc)))
                 continue
-            counts.update(done.counts)
+            if done.counts:  # most changes hold nothing to redact
+                counts.update(done.counts)
             if done.payload is None:
                 letters.append(change_letter(changes, i, "redact", done.reason or "dropped"))
                 continue
