@@ -13,6 +13,16 @@ import unicodedata
 __all__ = ["normalize_text"]
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROL_BYTES = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
+"""The characters of :data:`_CONTROL` as bytes: an ASCII text is searched for them by
+``bytes.translate``, much faster than the regex on text that holds none."""
+
+
+def _has_control(text: str) -> bool:
+    if text.isascii():
+        raw = text.encode("ascii")
+        return len(raw.translate(None, _CONTROL_BYTES)) != len(raw)
+    return _CONTROL.search(text) is not None
 
 
 def normalize_text(text: str) -> str:
@@ -23,6 +33,6 @@ def normalize_text(text: str) -> str:
     """
     if not text.isascii():
         text = unicodedata.normalize("NFC", text)
-    if _CONTROL.search(text):
+    if _has_control(text):
         text = _CONTROL.sub("", text)
     return text.strip()
