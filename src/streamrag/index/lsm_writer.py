@@ -200,6 +200,10 @@ class LsmWriter(LsmState):
         epoch = pending.epoch
         sup = int(self._segments[int(segs[0])].sup[local[0]])
         if sup in (NEVER, epoch):
+            first = int(segs[0])
+            if segs.shape[0] == 1 or bool((segs == first).all()):  # the usual: one segment
+                self._segments[first].stamp(local, epoch, valid_to)
+                return
             for sid in np.unique(segs).tolist():
                 sel = segs == sid
                 self._segments[sid].stamp(local[sel], epoch, valid_to)
