@@ -57,8 +57,9 @@ def tune_interpreter(serve: ServeSettings) -> None:
     Queries share one interpreter lock with the ingest thread, and Python hands
     it to a waiting thread only once per switch interval. Each hop of a query
     (event loop, query worker, after a GIL-free matrix product, back) waited up
-    to Python's default 5 ms behind a busy writer: measured here, a request of
-    four hops took 15 ms p50 beside a busy thread at 5 ms, 7–9 ms at 1 ms.
+    to Python's default 5 ms behind a busy writer: a request of four hops took
+    27.8 ms p50 beside a busy thread at 5 ms, 3.9 ms at 1 ms
+    (``benchmarks/switch_interval.py``).
     """
     sys.setswitchinterval(serve.switch_interval_ms / 1000)
 
