@@ -130,6 +130,9 @@ def keyed_service(tmp_path: Path, clock: Clock | None = None, **overrides: Any) 
             "index.retention_s": 365 * 86_400,
             "event_time.windows": WINDOWS,
             "security.keys": key_specs(),
+            # Dozens of tests share one service and its keys on the system clock: the
+            # default 20 requests/s (burst 40) is what test_limits.py tests, not this file.
+            "security.limits": {"rate_per_s": 100_000, "burst": 100_000},
             **overrides,
         },
         environ={},
