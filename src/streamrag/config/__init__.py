@@ -427,13 +427,6 @@ class ServeSettings(_Frozen):
         "for it (sys.setswitchinterval; Python's default: 5 ms). Each hop of a query (event "
         "loop, query worker, back) can wait this long behind the ingest thread.",
     )
-    ingest_yield_ms: float = Field(
-        2.0,
-        ge=0,
-        le=1000,
-        description="While queries are in flight, the ingest threads wait up to this long "
-        "before each unit of work (a poll, a commit), so that the queries run alone; 0: never.",
-    )
 
 
 class PushSettings(_Frozen):

@@ -12,8 +12,6 @@ Two threads overlap the stages, with the bounded batcher between them:
 So the next batch is decoded and chunked while the current one embeds; the
 embedder (which releases the GIL) is not left idle while Python parses JSON.
 ``overlap=False`` runs both halves in one thread (:meth:`Pipeline.step`).
-Before each unit of work the loops step aside, briefly, for queries in flight
-(:class:`~streamrag.runtime.priority.QueryPriority`).
 
 Waiting uses :class:`threading.Event`, so :meth:`PipelineRunner.stop` wakes
 both at once. On stop the reader ends first, then the committer commits
@@ -32,7 +30,6 @@ from collections.abc import Callable
 
 from streamrag.errors import StreamragError
 from streamrag.runtime.pipeline import Pipeline
-from streamrag.runtime.priority import QueryPriority
 from streamrag.sources.base import Wakes
 from streamrag.sources.multi import MultiSourceReader
 
@@ -52,11 +49,8 @@ class PipelineRunner:
         wake_timeout_ms: int = 1000,
         max_backoff_s: float = 5.0,
         overlap: bool = True,
-        priority: QueryPriority | None = None,
     ) -> None:
         self.pipeline = pipeline
-        self.priority = priority
-        """Queries in flight, which the loops step aside for before each unit of work."""
         self.poll_interval_s = poll_interval_ms / 1000
         self.wake_timeout_s = wake_timeout_ms / 1000
         self.max_backoff_s = max_backoff_s
@@ -143,7 +137,6 @@ class PipelineRunner:
         backoff = [0.05]
         try:
             while not self._stop.is_set():
-                self._step_aside()
                 did = self._guarded(lambda: self.pipeline.poll() > 0, backoff)
                 if did:
                     self._queued.set()
@@ -152,11 +145,6 @@ class PipelineRunner:
         finally:
             self._reader_done.set()
             self._queued.set()
-
-    def _step_aside(self) -> None:
-        """Let queries in flight run alone for a moment (:mod:`.priority`)."""
-        if self.priority is not None:
-            self.priority.step_aside()
 
     def _idle(self) -> None:
         """Nothing was read: sleep until a source wakes the job, or poll again soon.
@@ -174,7 +162,6 @@ class PipelineRunner:
         pipeline = self.pipeline
         backoff = [0.05]
         while not self._stop.is_set():
-            self._step_aside()
             did = self._guarded(lambda: pipeline.flush() > 0, backoff)
             if did or did is None:
                 continue
@@ -192,7 +179,6 @@ class PipelineRunner:
         pipeline = self.pipeline
         backoff = [0.05]
         while not self._stop.is_set():
-            self._step_aside()
             did = self._guarded(pipeline.step, backoff)
             if did or did is None:
                 continue

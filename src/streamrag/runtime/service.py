@@ -46,7 +46,6 @@ from streamrag.runtime.epochs import EpochLog
 from streamrag.runtime.executor import PipelineRunner
 from streamrag.runtime.generations import Book, Entry, Generation, Mirror, State, index_home
 from streamrag.runtime.metrics import Metrics
-from streamrag.runtime.priority import QueryPriority
 from streamrag.runtime.push import PushJournal, PushReceipt, changes_of
 from streamrag.runtime.reindex import Reindexer
 from streamrag.runtime.status import job_status
@@ -113,20 +112,12 @@ class Service:
         self.reindexer = Reindexer(self)
         for entry in self.book.others() if self.book is not None else []:
             self._attach(self._open(entry.number, entry))
-        self.priority, self.runner = self._runner()
-        self.started_us = self.clock.now_us()
-
-    def _runner(self) -> tuple[QueryPriority, PipelineRunner]:
-        """The loop threads, and the queries in flight they step aside for."""
-        settings = self.settings
-        priority = QueryPriority(settings.serve.ingest_yield_ms / 1000)
-        runner = PipelineRunner(
+        self.runner = PipelineRunner(
             self.pipeline,
             poll_interval_ms=settings.source.poll_interval_ms,
             wake_timeout_ms=settings.source.wake_timeout_ms,
-            priority=priority,
         )
-        return priority, runner
+        self.started_us = self.clock.now_us()
 
     def _push_journal(self) -> PushJournal:
         """The journal that ``push``, ``upsert``, ``delete`` and ``POST /v1/documents`` fill."""

@@ -106,7 +106,6 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             max_wait_ms=serve.max_wait_ms,
             workers=serve.query_workers,
             min_parallel_batch=serve.min_parallel_batch,
-            priority=service.priority,
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)

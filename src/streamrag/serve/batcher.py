@@ -36,7 +36,6 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.index.base import Hit, SearchFilter
-from streamrag.runtime.priority import QueryPriority
 
 __all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
 
@@ -110,11 +109,8 @@ class QueryBatcher:
         max_wait_ms: float = 2.0,
         workers: int = 2,
         min_parallel_batch: int = 1,
-        priority: QueryPriority | None = None,
     ) -> None:
         self.retrieval = retrieval
-        self.priority = priority
-        """Counts the queries in flight, for the ingest threads to step aside."""
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
@@ -144,15 +140,8 @@ class QueryBatcher:
         """Epoch, hits, the query's vector and the index generation that answered."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Retrieved] = loop.create_future()
-        priority = self.priority
-        if priority is not None:
-            priority.enter()
-        try:
-            self._queue.put(_Request(query, k, flt, loop, fut))
-            return await fut
-        finally:
-            if priority is not None:
-                priority.leave()
+        self._queue.put(_Request(query, k, flt, loop, fut))
+        return await fut
 
     def close(self) -> None:
         """Stop the worker threads."""
