@@ -15,6 +15,8 @@ documents with a word nobody else uses — are appended at random moments. Each
 probe's freshness is the time from its append to the first ``/v1/retrieve``
 (filtered to its doc_id) that returns it. The job's own rate during the stream
 is reported too: freshness bought by falling behind the writer would not count.
+Before each probe one unfiltered query over the whole index is timed as well:
+what a search costs in the index as the bulk load left it.
 
 Results: ``benchmarks/results/freshness-1m.{json,md}`` (``--name``).
 """
@@ -126,12 +128,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             thread.start()
             lat: list[float] = []
+            whole: list[float] = []  # unfiltered queries over the whole index, meanwhile
             misses = 0
             rng = random.Random(3)
             url = f"{server.url}/v1/retrieve"
             i = 0
             while time.perf_counter() - started < args.seconds:
                 time.sleep(rng.expovariate(args.probe_rate))
+                q0 = time.perf_counter()
+                words = f"{rng.choice(WORDS)} {rng.choice(WORDS)}"
+                client.post(url, json={"query": words, "k": 5})
+                whole.append((time.perf_counter() - q0) * 1000)
                 doc, word, t0 = writer.probe(i)
                 i += 1
                 body = {"query": word, "k": 1, "filters": {"doc_id": doc}}
@@ -154,7 +161,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.close()
             server.stop(timeout=120)
     arr = np.asarray(lat)
+    wq = np.asarray(whole)
     return {
+        "whole_index_query_p50_ms": float(np.percentile(wq, 50)),
+        "whole_index_query_p99_ms": float(np.percentile(wq, 99)),
         "rows": args.rows,
         "words": args.words,
         "rate": args.rate,
@@ -229,6 +239,13 @@ def markdown(res: dict[str, Any]) -> str:
         "|---:|---:|---:|---:|---:|---:|\n"
         f"| {r['probes']} | {r['p50_ms']:.1f} ms | {r['p90_ms']:.1f} ms | {r['p99_ms']:.1f} ms | "
         f"{r['max_ms']:.1f} ms | {r['misses_after_10s']} |\n"
+        + (
+            f"\nMeanwhile, before each probe, one unfiltered query (k = 5, two random words) "
+            f"over the whole index: p50 {r['whole_index_query_p50_ms']:.1f} ms, p99 "
+            f"{r['whole_index_query_p99_ms']:.1f} ms.\n"
+            if "whole_index_query_p50_ms" in r
+            else ""
+        )
     )
 
 
