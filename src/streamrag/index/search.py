@@ -82,28 +82,18 @@ def search_segments(
             parts.append(found)
     if scan.parts:
         parts.append(scan.top(queries, k))
-    if len(parts) == 1 and parts[0].which is not None:
-        f = parts[0]
-        assert f.which is not None
-        assert f.segments is not None
-        return _materialize(f.segments, f.which, f.rows, f.scores)
     if not parts:
         return [[] for _ in range(m)]
     if len(parts) == 1 and parts[0].ordered:
-        # One segment whose candidates came back best first: nothing to merge.
-        f = parts[0]
-        which = np.zeros(f.rows.shape, dtype=np.int64)
-        return _materialize([f.segment], which, f.rows, f.scores)
-    segs: list[Segment] = []
+        # One list whose candidates came back best first: nothing to merge.
+        segs, which = parts[0].sources()
+        return _materialize(segs, which, parts[0].rows, parts[0].scores)
+    segs = []
     whiches: list[I64] = []
     for f in parts:
-        if f.which is None:
-            whiches.append(np.full(f.rows.shape, len(segs), dtype=np.int64))
-            segs.append(f.segment)
-        else:
-            assert f.segments is not None
-            whiches.append(f.which + len(segs))
-            segs.extend(f.segments)
+        own, w = f.sources()
+        whiches.append(w + len(segs))
+        segs.extend(own)
     scores = np.hstack([f.scores for f in parts]) if len(parts) > 1 else parts[0].scores
     local = np.hstack([f.rows for f in parts]) if len(parts) > 1 else parts[0].rows
     which = np.hstack(whiches) if len(parts) > 1 else whiches[0]
@@ -198,6 +188,12 @@ class _Found:
     ordered: bool = False  # best first in every row, -inf entries last
     which: I64 | None = None
     segments: list[Segment] | None = None
+
+    def sources(self) -> tuple[list[Segment], I64]:
+        """The segments the candidates come from, and each candidate's number in that list."""
+        if self.which is None or self.segments is None:
+            return [self.segment], np.zeros(self.rows.shape, dtype=np.int64)
+        return self.segments, self.which
 
 
 @dataclass(slots=True)
@@ -384,38 +380,6 @@ def _all_visible(seg: Segment, spec: ReadSpec) -> bool:
     )
 
 
-def _exact(seg: Segment, n: int, q: F32, k: int, mask: npt.NDArray[np.bool_]) -> _Found:
-    """Exact top-``k`` over the rows ``mask`` admits."""
-    rows = np.flatnonzero(mask)
-    m = q.shape[0]
-    if rows.size == 0:
-        empty = np.full((m, 0), -np.inf, dtype=np.float32)
-        return _Found(seg, empty, np.zeros((m, 0), dtype=np.int64))
-    vectors = seg.vectors
-    lo, hi = int(rows[0]), int(rows[-1]) + 1
-    if hi - lo < n and hi - lo <= 2 * rows.size:
-        # The matching rows are (nearly) one run — a time range or as_of over a
-        # segment kept in event-time order: score that slice, a view, not a copy.
-        sub = vectors[lo:hi]
-        scores = np.stack([sub @ r for r in q]) if m < 4 else q @ sub.T
-        if hi - lo != rows.size:
-            scores = scores[:, rows - lo]
-    elif rows.size * 4 <= n:
-        # A selective filter: gather the matching rows and score only those.
-        scores = q @ vectors[rows].T
-    else:
-        visible = vectors[:n]
-        # Below four queries, one matrix-vector product each beats a thin product.
-        scores = np.stack([visible @ r for r in q]) if m < 4 else q @ visible.T
-        if rows.size != n:
-            scores = scores[:, rows]
-    kk = min(k, rows.size)
-    if kk < rows.size:
-        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-        return _Found(seg, np.take_along_axis(scores, top, axis=1), rows[top])
-    return _Found(seg, scores, np.broadcast_to(rows, (m, rows.size)))
-
-
 def _ann(
     seg: Segment,
     n: int,
@@ -465,8 +429,11 @@ def _ann(
             rest = todo[short]
             full = seg.mask(n, spec) if mask is None else mask
             out_s[rest] = -np.inf
+            alone = _Scan()
             if full is not None:
-                f = _exact(seg, n, q[rest], k, full)
+                alone.add(seg, n, full)
+            if alone.parts:
+                f = alone.top(q[rest], k)
                 out_s[rest, : f.scores.shape[1]] = f.scores
                 out_l[rest, : f.rows.shape[1]] = f.rows
             break
