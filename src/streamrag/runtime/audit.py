@@ -191,15 +191,37 @@ def chunk_leaf(
     vector: npt.NDArray[np.float32],
 ) -> bytes:
     """The leaf of one stored chunk (its text by content hash, its vector by SHA-256)."""
-    vec = np.ascontiguousarray(vector, dtype=np.float32).data
+    return _hashed_chunk_leaf(
+        *(tenant, doc_id, event_time, offset, source, domain, metadata),
+        *(position, chunk_id, embedder),
+        content_hash(text),
+        np.ascontiguousarray(vector, dtype=np.float32),
+    )
+
+
+def _hashed_chunk_leaf(
+    tenant: str,
+    doc_id: str,
+    event_time: int,
+    offset: int,
+    source: str,
+    domain: str,
+    metadata: Mapping[str, Any] | None,
+    position: int,
+    chunk_id: int,
+    embedder: str,
+    text_hash: bytes,
+    vector: npt.NDArray[np.float32],
+) -> bytes:
+    """:func:`chunk_leaf` of a text already hashed, and of a C-contiguous float32 vector."""
     return _leaf(
         [
             "chunk",
             *(tenant, doc_id, int(event_time), int(offset), source, domain),
             dict(metadata) if metadata else None,
             *(int(position), int(chunk_id), embedder),
-            content_hash(text).hex(),
-            hashlib.sha256(vec).hexdigest(),
+            text_hash.hex(),
+            hashlib.sha256(vector.data).hexdigest(),
         ]
     )
 
@@ -248,44 +270,32 @@ def digest(chunks: Collection[bytes], tombstones: Collection[bytes]) -> dict[str
 def batch_leaves(batch: CommitBatch) -> tuple[list[bytes], list[bytes]]:
     """The chunk and tombstone leaves of what ``batch`` stores (see the module docstring).
 
-    The same bytes as :func:`chunk_leaf` for each chunk, made per document: the
-    fields a document's chunks share are encoded once, each chunk adds its own,
-    and a chunk's text is taken by the content hash the batch carries for it
-    (the chunk stage made it from that text; ``audit verify`` computes it again
-    from the stored text). Its vector is hashed from a view of the batch's array.
+    The bytes of :func:`chunk_leaf` for each chunk, with its text taken by the
+    content hash the batch carries for it (the chunk stage made it from that
+    text; ``audit verify`` computes it again from the stored text).
     """
     chunks: list[bytes] = []
     tombs: list[bytes] = []
     texts, hashes = batch.texts, batch.hashes
     by_hash = len(hashes) == len(texts)
     vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
-    width = vectors.shape[1] * 4 if vectors.ndim == 2 else 0
-    flat = vectors.data.cast("B") if vectors.size else memoryview(b"")
     positions = np.asarray(batch.positions).tolist()
     ids = np.asarray(batch.chunk_ids).tolist()
-    sha256, encode = hashlib.sha256, _LEAF.encode
     for d in batch.docs:
         if d.op == Op.DELETE or d.n_chunks == 0:  # the index keeps either as a tombstone
             tombs.append(tombstone_leaf(d.tenant, d.doc_id, d.event_time, d.offset))
             continue
-        shared = [
-            "chunk",
-            *(d.tenant, d.doc_id, int(d.event_time), int(d.offset), d.source, d.domain),
-            dict(d.metadata) if d.metadata else None,
-        ]
-        head = encode(shared)[:-1] + b","  # '[...shared' and the comma before the rest
         rows = range(d.first_chunk, d.first_chunk + d.n_chunks)
         for r, made_by in zip(rows, batch.embedders(rows), strict=True):
-            text_hash = hashes[r] if by_hash else content_hash(texts[r])
-            vec = flat[r * width : (r + 1) * width]
-            own = [
-                int(positions[r]),
-                int(ids[r]),
-                made_by,
-                text_hash.hex(),
-                sha256(vec).hexdigest(),
-            ]
-            chunks.append(head + encode(own)[1:])
+            chunks.append(
+                _hashed_chunk_leaf(
+                    *(d.tenant, d.doc_id, d.event_time, d.offset, d.source, d.domain),
+                    d.metadata,
+                    *(positions[r], ids[r], made_by),
+                    hashes[r] if by_hash else content_hash(texts[r]),
+                    vectors[r],
+                )
+            )
     return chunks, tombs
 
 
