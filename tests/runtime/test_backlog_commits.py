@@ -10,14 +10,20 @@ arrives alone still commits alone, at its deadline.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from streamrag.batching import AdaptiveController
+from streamrag.chunking import TokenSplitter
+from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.ingest import DeadLetterStore
 from streamrag.runtime import Pipeline
+from streamrag.runtime.replay import index_digest
 from streamrag.testing import FakeEmbedder, ListSink, ManualClock, ScriptedSource, change_line
-from tests.conftest import PipelineFactory
+from tests.conftest import PipelineFactory, with_batcher
 
 T0 = "2024-01-01T00:00:00Z"
 
@@ -63,6 +69,17 @@ def _lines(n: int, start: int = 0) -> list[str]:
     return [change_line(f"d{i}", T0, f"text number {i}") for i in range(start, start + n)]
 
 
+def _caught_up(
+    factory: PipelineFactory, clock: ManualClock, lines: list[str], **kw: Any
+) -> tuple[Pipeline, ListSink]:
+    """A pipeline that has read and committed ``lines``, and what it committed."""
+    src, sink = ScriptedSource(), ListSink()
+    p, _ = _pipeline(factory, clock, src, sink, **kw)
+    src.push(*lines)
+    p.run_until_caught_up()
+    return p, sink
+
+
 def test_a_backlog_commits_several_micro_batches_per_epoch(
     pipeline_factory: PipelineFactory, clock: ManualClock
 ) -> None:
@@ -103,11 +120,8 @@ def test_a_lone_change_still_commits_alone_at_its_deadline(
 def test_batches_the_controller_still_sizes_commit_one_each(
     pipeline_factory: PipelineFactory, clock: ManualClock
 ) -> None:
-    src, sink = ScriptedSource(), ListSink()
     # 2 ms per batch at most: the controller keeps batches at 2 texts, under max_batch_size.
-    p, _ = _pipeline(pipeline_factory, clock, src, sink, latency_s=0.002)
-    src.push(*_lines(20))
-    p.run_until_caught_up()
+    p, sink = _caught_up(pipeline_factory, clock, _lines(20), latency_s=0.002)
     assert p.batcher.target_size < p.batcher.max_batch_size
     assert max(len(b.docs) for b, _ in sink.commits) <= 4
     assert p.stats.applied == 20
@@ -116,8 +130,69 @@ def test_batches_the_controller_still_sizes_commit_one_each(
 def test_without_the_controller_one_micro_batch_per_commit(
     pipeline_factory: PipelineFactory, clock: ManualClock
 ) -> None:
-    src, sink = ScriptedSource(), ListSink()
-    p, _ = _pipeline(pipeline_factory, clock, src, sink, adaptive=False)
-    src.push(*_lines(20))
-    p.run_until_caught_up()
+    _, sink = _caught_up(pipeline_factory, clock, _lines(20), adaptive=False)
     assert [len(b.docs) for b, _ in sink.commits] == [4, 4, 4, 4, 4]
+
+
+def _hostile(n_docs: int = 8, versions: int = 6) -> list[str]:
+    """Many versions per document, late ones among them, deletes, and lines that cannot be read."""
+    rng = np.random.default_rng(5)
+    lines = []
+    for v in range(versions):
+        for i in rng.permutation(n_docs).tolist():
+            t = 1_704_067_200 + 10 * v + int(rng.integers(-25, 5))  # often older than what is in
+            if rng.random() < 0.15:
+                lines.append(change_line(f"d{i}", t, op="delete"))
+            else:
+                lines.append(change_line(f"d{i}", t, f"doc {i} version {v} " * 3))
+        lines.append("{not json")  # a hostile line between versions
+        lines.append(change_line("", 1_704_067_200, "no id"))
+    return lines
+
+
+def _history_run(
+    tmp_path: Path, clock: ManualClock, lines: list[str], adaptive: bool, name: str
+) -> tuple[Pipeline, LsmIndex, ListSink]:
+    """The same small batches as above, into an index that keeps every version."""
+    src, sink = ScriptedSource(), ListSink()
+    emb = Timed(clock, us_per_text=1000)
+    index = LsmIndex(emb.dim, LsmSpec(seal_rows=16, wal_fsync=False), clock=clock, background=False)
+    ctl = AdaptiveController(min_size=1, max_size=4, target_latency_s=0.2, initial=4)
+    p = Pipeline(
+        source=src,
+        embedder=emb,
+        index=index,
+        dead_letters=DeadLetterStore(tmp_path / f"dead-{name}.jsonl", truncate=True),
+        clock=clock,
+        on_commit=[sink.on_commit],
+        splitter=TokenSplitter(max_tokens=32, overlap_tokens=4),
+        **with_batcher(
+            {"max_batch_size": 4, "max_pending": 16, "controller": ctl if adaptive else None},
+            clock,
+        ),
+    )
+    src.push(*lines)
+    p.run_until_caught_up()
+    return p, index, sink
+
+
+def test_a_hostile_backlog_shares_commits_and_keeps_every_version(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Shared commits hold what one micro-batch per commit holds: now, and as of any time."""
+    lines = _hostile()
+    shared, shared_index, shared_sink = _history_run(tmp_path, clock, lines, True, "a")
+    single, single_index, single_sink = _history_run(tmp_path, clock, lines, False, "b")
+    assert len(shared_sink.commits) < len(single_sink.commits), "no commit was shared"
+    assert max(len(b.docs) for b, _ in shared_sink.commits) > 4
+    for p in (shared, single):
+        assert p.stats.dead_lettered == 12  # both unreadable lines of every round
+        assert p.stats.applied + p.stats.stale + p.stats.dead_lettered == p.stats.ingested
+        assert p.uncommitted == 0
+    assert index_digest(shared_index) == index_digest(single_index)
+    query = shared.embedder.embed_many(["doc version"])
+    for t in range(1_704_067_170, 1_704_067_260, 3):
+        flt = SearchFilter(as_of_us=t * 1_000_000)
+        got = [(h.doc_id, h.text) for h in shared_index.search_many(query, 50, flt)[1][0]]
+        want = [(h.doc_id, h.text) for h in single_index.search_many(query, 50, flt)[1][0]]
+        assert sorted(got) == sorted(want), t
