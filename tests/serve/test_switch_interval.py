@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import uvicorn
 
 from streamrag.config import ServeSettings, load_settings
 from streamrag.errors import ConfigError
-from streamrag.serve.server import tune_interpreter
+from streamrag.runtime.service import Service
+from streamrag.serve.server import serve_forever, tune_interpreter
 
 
 @pytest.fixture
@@ -34,3 +37,23 @@ def test_setting_is_applied(restore_interval: None) -> None:
 def test_zero_is_refused() -> None:
     with pytest.raises(ConfigError, match="switch_interval_ms"):
         load_settings(overrides={"serve.switch_interval_ms": 0}, environ={})
+
+
+def test_serve_forever_serves_with_the_interval(
+    restore_interval: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server process runs with the setting, not Python's default (uvicorn not started)."""
+    seen: list[float] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: seen.append(sys.getswitchinterval()))
+    settings = load_settings(
+        overrides={
+            "source.path": str(tmp_path / "none.jsonl"),
+            "state_dir": str(tmp_path / "state"),
+            "embedder.class": "hashing",
+            "serve.switch_interval_ms": 3,
+        },
+        environ={},
+    )
+    sys.setswitchinterval(0.005)
+    serve_forever(Service(settings), host="127.0.0.1", port=0)
+    assert seen == [pytest.approx(0.003)]
