@@ -18,30 +18,21 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from run import Row, _fmt
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 
-@dataclass(frozen=True)
-class Goal:
-    """One goal: the figure measured, the bound, and where the figure comes from."""
-
-    goal: str
-    value: float | None
-    bound: float
-    higher_is_better: bool
-    source: str
-    unit: str = "×"
-
-    @property
-    def met(self) -> bool | None:
-        if self.value is None:
-            return None
-        return self.value >= self.bound if self.higher_is_better else self.value <= self.bound
+def _goal(
+    goal: str, value: float | None, bound: float, higher: bool, source: str, unit: str = "×"
+) -> Row:
+    """One goal as a row of run.py's table: the figure, its bound, where it comes from."""
+    return Row(source, goal, value, unit, bound, higher)
 
 
 def _load(name: str) -> dict[str, Any] | None:
@@ -85,16 +76,16 @@ def _side_by_side() -> dict[str, dict[str, float]]:
     return out
 
 
-def goals() -> list[Goal]:
+def goals() -> list[Row]:
     """Every goal, measured or not."""
     latest = _load("latest.json")
     index = _load("index.json")
     contention = _load("contention.json")
     peers = _side_by_side()
-    out: list[Goal] = []
+    out: list[Row] = []
     run = "run.py (latest.json)"
     out.append(
-        Goal(
+        _goal(
             "ingest, hashing embedder: pipeline / bare embedder",
             _get(latest, "ingest_hashing", "ratio"),
             0.8,
@@ -103,7 +94,7 @@ def goals() -> list[Goal]:
         )
     )
     out.append(
-        Goal(
+        _goal(
             "ingest, the default embedder (MiniLM, ONNX int8): pipeline / bare embedder",
             _get(latest, "ingest_minilm", "ratio"),
             0.9,
@@ -114,7 +105,7 @@ def goals() -> list[Goal]:
     default_ms = _get(latest, "ingest_hashing", "search", "batch1_median_ms")
     exact_ms = _get(latest, "ingest_hashing_exact", "search", "batch1_median_ms")
     out.append(
-        Goal(
+        _goal(
             "20k documents, one query: exact index time / default index time",
             exact_ms / default_ms if default_ms and exact_ms else None,
             1.0,
@@ -124,7 +115,7 @@ def goals() -> list[Goal]:
     )
     c1 = next((r for r in _get(latest, "server", "load") or [] if r.get("concurrency") == 1), None)
     out.append(
-        Goal(
+        _goal(
             "single query over HTTP, p50",
             None if c1 is None else c1.get("p50_ms"),
             2.0,
@@ -137,7 +128,7 @@ def goals() -> list[Goal]:
         load = _get(latest, "serving_minilm", "modes", "batching_on", "load") or []
         r = next((x for x in load if x.get("concurrency") == c), None)
         out.append(
-            Goal(
+            _goal(
                 f"serving with MiniLM, {c} clients: QPS / raw embed+search ceiling",
                 None if r is None else r.get("ratio_to_raw"),
                 0.8,
@@ -147,7 +138,7 @@ def goals() -> list[Goal]:
         )
     for name in ("hashing", "minilm"):
         out.append(
-            Goal(
+            _goal(
                 f"query p99 while ingest runs flat out / at rest ({name})",
                 _get(contention, "cases", name, "p99_ratio"),
                 1.5,
@@ -158,7 +149,7 @@ def goals() -> list[Goal]:
     size = _get(index, "sizes", 0)
     for mode, bound in (("single", 0.9), ("batch32", 0.95)):
         out.append(
-            Goal(
+            _goal(
                 f"ANN, {mode}: streamrag QPS / raw library on the same graph",
                 _get(size, "search", mode, "ratio", "qps"),
                 bound,
@@ -180,7 +171,7 @@ def goals() -> list[Goal]:
 
     sbs = "side-by-side with the peer (side-by-side/)"
     out.append(
-        Goal(
+        _goal(
             "ingest docs/s / the peer's best",
             ratio(ours.get("ingest"), best("ingest", True)),
             3.0,
@@ -189,7 +180,7 @@ def goals() -> list[Goal]:
         )
     )
     out.append(
-        Goal(
+        _goal(
             "QPS at 16 clients / the peer's best",
             ratio(ours.get("c16_qps"), best("c16_qps", True)),
             4.0,
@@ -198,7 +189,7 @@ def goals() -> list[Goal]:
         )
     )
     out.append(
-        Goal(
+        _goal(
             "freshness p99 / the peer's best",
             ratio(ours.get("fresh_p99"), best("fresh_p99", False)),
             0.5,
@@ -208,7 +199,7 @@ def goals() -> list[Goal]:
     )
     big = _load("freshness-1m.json")
     out.append(
-        Goal(
+        _goal(
             "freshness p99 while 1,500 upserts/s stream into a 1M-row index",
             _get(big, "result", "p99_ms"),
             250.0,
@@ -220,7 +211,7 @@ def goals() -> list[Goal]:
     return out
 
 
-def markdown(items: list[Goal]) -> str:
+def markdown(items: list[Row]) -> str:
     """The table."""
     latest = _load("latest.json") or {}
     m = latest.get("machine", {})
@@ -235,17 +226,16 @@ def markdown(items: list[Goal]) -> str:
         "|---|---:|---:|---|---|",
     ]
     for g in items:
-        value = "not measured" if g.value is None else f"{g.value:.3g} {g.unit}"
-        bound = f"{'≥' if g.higher_is_better else '≤'} {g.bound:g} {g.unit}"
-        met = {None: "—", True: "yes", False: "**no**"}[g.met]
-        lines.append(f"| {g.goal} | {value} | {bound} | {met} | {g.source} |")
+        value = "not measured" if g.value is None else f"{_fmt(g.value)} {g.unit}"
+        bound = f"{g.target_text()} {g.unit}"
+        lines.append(f"| {g.metric} | {value} | {bound} | {g.met() or '—'} | {g.section} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     items = goals()
     (RESULTS / "goals.json").write_text(
-        json.dumps([{**asdict(g), "met": g.met} for g in items], indent=1)
+        json.dumps([{**asdict(g), "met": g.met()} for g in items], indent=1)
     )
     text = markdown(items)
     (RESULTS / "goals.md").write_text(text)
