@@ -202,14 +202,14 @@ def _wait_maintenance(server: ServerProcess, client: httpx.Client, timeout: floa
     segments and ANN structures the index had when the stream started.
     """
     started = time.perf_counter()
-    last, since = None, time.perf_counter()
+    last: dict[str, float] | None = None
+    since = time.perf_counter()
     while time.perf_counter() - started < timeout:
-        text = client.get(f"{server.url}/metrics").text
-        seen = "\n".join(
-            line
-            for line in text.splitlines()
-            if line.startswith(("streamrag_index_segments", "streamrag_index_ann"))
-        )
+        seen = {
+            name: value
+            for name, value in _index_gauges(server, client).items()
+            if name.startswith(("streamrag_index_segments", "streamrag_index_ann"))
+        }
         if seen != last:
             last, since = seen, time.perf_counter()
         elif time.perf_counter() - since > 10:
