@@ -27,6 +27,8 @@ def test_every_ascii_character_is_kept_or_removed_as_before() -> None:
 def test_controls_are_removed_and_the_rest_kept() -> None:
     assert normalize_text("line\x00one\x07\ttab\nnext\x7f ") == "lineone\ttab\nnext"
     assert normalize_text("plain words only") == "plain words only"
+    # A lone surrogate (JSON's "\\ud800" decodes to one) beside a control character.
+    assert normalize_text("a\ud800\x01b") == _reference("a\ud800\x01b") == "a\ud800b"
 
 
 @settings(max_examples=400, deadline=None)

@@ -37,6 +37,7 @@ from datetime import date
 from typing import Any, Protocol, runtime_checkable
 
 from streamrag.errors import ConfigError
+from streamrag.ingest.normalize import holds_any_ascii
 from streamrag.ingest.pii.validators import (
     CN_MOBILE_PREFIXES,
     IBAN_LENGTHS,
@@ -135,10 +136,7 @@ class Screen:
 
     def __call__(self, text: str) -> bool:
         """False when no detector can find anything in ``text``; True when one may."""
-        # UTF-8 encodes every non-ASCII character with bytes >= 0x80 only, so the
-        # ASCII candidates are found as bytes exactly where they are characters.
-        raw = text.encode("utf-8", "surrogatepass")
-        return len(raw.translate(None, self._bytes)) != len(raw)
+        return holds_any_ascii(text, self._bytes)
 
 
 def resolve(found: Iterable[tuple[int, Span]]) -> list[Span]:
