@@ -74,7 +74,7 @@ def _embedder(name: str, dim: int) -> Embedder:
     return emb
 
 
-def chunk_texts(name: str, dim: int, texts: list[str]) -> list[str]:
+def chunk_texts(name: str, dim: int, texts: list[str], embedder: Embedder) -> list[str]:
     """The chunks the pipeline embeds for ``texts``: normalized, split by its splitter.
 
     The bare embedder is timed on these, so that both sides embed the same
@@ -85,7 +85,7 @@ def chunk_texts(name: str, dim: int, texts: list[str]) -> list[str]:
     if name == "hashing":
         overrides["embedder.args"] = {"dim": dim}
     settings = load_settings(overrides=overrides, environ={})
-    splitter = build_splitter(settings, _embedder(name, dim))
+    splitter = build_splitter(settings, embedder)
     return [chunk for text in texts for chunk in splitter.split(normalize_text(text))]
 
 
@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     docs, lines = read_upsert_texts(a.jsonl)
     if a.embedder != "hashing":
         print(f"{tag} loading {a.embedder} …", file=sys.stderr, flush=True)
-        _embedder(a.embedder, a.dim)  # import and warm the model files once
-    texts = chunk_texts(a.embedder, a.dim, docs)
+    warm = _embedder(a.embedder, a.dim)  # imports and warms the model files once
+    texts = chunk_texts(a.embedder, a.dim, docs, warm)  # counted in the model's tokens
+    del warm
     gc.collect()
     baseline = proc_status_kib()
     raw_s: list[float] = []
