@@ -9,6 +9,8 @@ two (one product per query) or many queries per call (one matrix product).
 The stream is not a friendly one: several versions of a document in one
 commit, versions that arrive after newer ones, deletes of documents never seen.
 And when an ANN structure reaches nothing, its segment is scanned exactly.
+Every case runs twice: on float32 scans, and with every sealed segment read
+through its half-precision copy (:mod:`streamrag.index.half`).
 """
 
 from __future__ import annotations
@@ -102,9 +104,19 @@ class _World:
         return [cid for _, cid in cands[:k]]
 
 
-@pytest.fixture(scope="module")
-def world() -> _World:
-    w = _World()
+HALF_SPEC = LsmSpec(
+    seal_rows=16,
+    ann=AnnSpec(min_rows=2**62),
+    compaction=CompactionSpec(fanout=64, seal_rows=16),
+    # Every sealed segment gets a half-precision copy, used for up to 16 queries a call.
+    tuning=SearchTuning(half_min_rows=1, half_max_queries=16),
+    wal_fsync=False,
+)
+
+
+@pytest.fixture(scope="module", params=["float32", "half"])
+def world(request: pytest.FixtureRequest) -> _World:
+    w = _World(HALF_SPEC if request.param == "half" else SPEC)
     # Several sealed segments and a growing one, in event-time order.
     for lo in range(0, DOCS, 10):
         w.commit([("default", f"d{i}", Op.UPSERT, 1_000 + i) for i in range(lo, lo + 10)])
@@ -126,6 +138,11 @@ def world() -> _World:
     )
     w.commit([("acme", f"d{i}", Op.UPSERT, 500 + i) for i in range(0, 30, 3)])
     assert len(w.index.pin().views) >= 4
+    if request.param == "half":
+        w.index.maintain()
+        copies = [v.segment.half for v in w.index.pin().views if v.segment.sealed]
+        assert copies
+        assert all(c is not None for c in copies), "no copy: this tests nothing"
     return w
 
 

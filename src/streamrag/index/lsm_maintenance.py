@@ -2,7 +2,8 @@
 
 Nothing slow happens on the commit path. A full growing segment is only
 sealed; the maintenance thread (``background=True``) then builds its ANN
-structure (:mod:`.ann`), re-checks the recall of every structure on a sample of
+structure (:mod:`.ann`) or, for a segment too small for one, its
+half-precision copy (:mod:`.half`), re-checks the recall of every structure on a sample of
 recent real queries (widening or dropping one that misses the target), merges
 segments its policy picks with their neighbours in event time
 (:mod:`.compaction`), and checkpoints when one is due. It takes the writer lock
@@ -23,6 +24,7 @@ import numpy as np
 
 from streamrag.index.ann import Ann, BuildCancelled, build_ann, choose_ann, recall_on
 from streamrag.index.compaction import droppable, plan
+from streamrag.index.half import HalfScan
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import Rows, Segment
 
@@ -46,6 +48,8 @@ class LsmMaintenance(LsmPersistence):
         did = False
         with self._maint:
             while self._build_one_ann():
+                did = True
+            while self._build_one_half():
                 did = True
             did |= self.check_recall()
             did |= self.compact()
@@ -124,6 +128,24 @@ class LsmMaintenance(LsmPersistence):
         self._attach_ann(seg, ann)
         return True
 
+    def _build_one_half(self) -> bool:
+        """Give one sealed, exactly searched segment its half-precision copy (:mod:`.half`)."""
+        with self._lock:
+            todo = self._half_candidates()
+        if not todo:
+            return False
+        seg = todo[0]
+        half = HalfScan.build(seg.vectors[: seg.n])
+        with self._lock:
+            if half is None:
+                self._failed_half.add(seg.id)  # coordinates beyond half precision's range
+                return True
+            seg.half = half
+            current = self._segments.get(seg.id)
+            if current is not None and current.vectors is seg.vectors:
+                current.half = half
+        return True
+
     def _attach_ann(self, seg: Segment, ann: Ann) -> None:
         with self._lock:
             seg.ann = ann
@@ -170,6 +192,8 @@ class LsmMaintenance(LsmPersistence):
                 )
             except BuildCancelled:
                 return False  # closing: the segments stay as they were
+        elif merged.n >= self._spec.tuning.half_min_rows:
+            merged.half = HalfScan.build(merged.vectors[: merged.n])
         if self._path is not None and merged.n:
             self._write_segment(merged)
         with self._lock:

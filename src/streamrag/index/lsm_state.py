@@ -109,6 +109,7 @@ class LsmState:
         self._dirty = 0  # commits since the last checkpoint
         self._needs_checkpoint = False
         self._failed_ann: set[int] = set()
+        self._failed_half: set[int] = set()  # half precision could not hold their vectors
         self._view_cache: dict[int, View] = {}
         # A sample of recent query vectors, to re-check ANN recall on real traffic.
         self._probes: deque[npt.NDArray[np.float32]] = deque(maxlen=self._spec.ann.probe_queries)
@@ -249,8 +250,24 @@ class LsmState:
             and choose_ann(s.n, spec) is not None
         ]
 
+    def _half_candidates(self) -> list[Segment]:
+        """Sealed segments searched exactly that have no half-precision copy yet."""
+        spec = self._spec.ann
+        least = self._spec.tuning.half_min_rows
+        return [
+            s
+            for s in self._segments.values()
+            if s.sealed
+            and s.ann is None
+            and s.half is None
+            and s.n >= least
+            and s.id not in self._failed_half
+            and (choose_ann(s.n, spec) is None or s.id in self._failed_ann)
+        ]
+
     def _wants_ann(self) -> bool:
-        return bool(self._ann_candidates())
+        """Whether maintenance has a structure to build: an ANN or a half-precision copy."""
+        return bool(self._ann_candidates() or self._half_candidates())
 
     def _rebuild_docs(self) -> None:
         """Every document's versions and the counts, from the rows and the delete log.

@@ -14,7 +14,9 @@ A query runs against the segments of the manifest it pinned, each in three steps
    doc ids, time range and metadata.
 3. **Score**. A growing segment, a sealed one without an ANN structure, or a
    segment where few rows pass the filter is scanned exactly (one matrix
-   product over the matching rows). Otherwise the ANN structure is asked for
+   product over the matching rows); a sealed one with a half-precision copy
+   (:mod:`.half`) is scanned through it for one to three queries, still
+   exactly, at half the bytes read. Otherwise the ANN structure is asked for
    enough candidates that ``k`` of them should pass the filter given the share
    of rows that pass it; candidates are re-scored exactly against the stored
    vectors, and a query left with fewer than ``k`` asks again for four times as
@@ -47,10 +49,16 @@ I64 = npt.NDArray[np.int64]
 
 @dataclass(frozen=True, slots=True)
 class SearchTuning:
-    """When an ANN segment is scanned exactly instead (few matching rows)."""
+    """When a segment is scanned exactly, and when through a half-precision copy.
+
+    An ANN segment where few rows match is scanned exactly instead; a sealed
+    segment scanned exactly is read through its copy (:mod:`.half`).
+    """
 
     exact_max_rows: int = 4096
     min_ann_share: float = 0.02
+    half_min_rows: int = 2048  # smaller sealed segments get no copy (3 MB stays cached)
+    half_max_queries: int = 3  # more per call: the float32 matrix product is as fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,16 +334,23 @@ def _search_one(
     tuning: SearchTuning,
     scan: _Scan,
 ) -> _Found | None:
-    """Search one segment: exactly (added to ``scan``; returns None) or through its ANN."""
+    """Search one segment: exactly (added to ``scan``; None) or through a structure.
+
+    The structure is the segment's half-precision copy or its ANN; what it
+    found is returned.
+    """
     ann = seg.ann if seg.sealed else None
     if ann is None or ann.rows != n:
         if _all_visible(seg, spec):
-            scan.add(seg, n, None)
+            exact_mask = None
         else:
-            mask = seg.mask(n, spec)
-            if mask is not None:
-                scan.add(seg, n, mask)
-        return None
+            exact_mask = seg.mask(n, spec)
+            if exact_mask is None:
+                return None
+        found = _half(seg, n, q, k, exact_mask, tuning)
+        if found is None:
+            scan.add(seg, n, exact_mask)
+        return found
     simple = (
         not spec.narrows
         and spec.as_of == NEVER
@@ -362,6 +377,34 @@ def _search_one(
         scan.add(seg, n, mask)
         return None
     return _ann(seg, n, q, k, spec, mask, share)
+
+
+def _half(
+    seg: Segment,
+    n: int,
+    q: F32,
+    k: int,
+    mask: npt.NDArray[np.bool_] | None,
+    tuning: SearchTuning,
+) -> _Found | None:
+    """The exact top ``k`` through the segment's half-precision copy; None: scan it instead.
+
+    Used for a few queries at a time over most of the segment's rows: a filter
+    that admits under half of them is cheaper to score in float32 (a slice or a
+    gather of just those rows), and a batch of four or more queries in one
+    float32 matrix product (``tuning.half_max_queries``).
+    """
+    half = seg.half
+    if half is None or half.rows != n or q.shape[0] > tuning.half_max_queries:
+        return None
+    matching = n if mask is None else int(np.count_nonzero(mask))
+    if matching * 2 < n:
+        return None
+    got = half.search(seg.vectors, q, k, mask, matching)
+    if got is None:
+        return None
+    rows, scores = got
+    return _Found(seg, scores, rows, ordered=True)
 
 
 def _all_visible(seg: Segment, spec: ReadSpec) -> bool:

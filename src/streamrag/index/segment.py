@@ -53,6 +53,7 @@ from streamrag.index.base import MetaPredicate, MetaValue
 
 if TYPE_CHECKING:
     from streamrag.index.ann import Ann
+    from streamrag.index.half import HalfScan
 
 __all__ = ["NEVER", "ReadSpec", "Rows", "Segment"]
 
@@ -202,6 +203,8 @@ class Segment:
         self.n = 0
         self.sealed = False
         self.ann: Ann | None = None
+        # A sealed segment searched exactly may get a half-precision copy (.half).
+        self.half: HalfScan | None = None
         self.file: str | None = None  # the sealed body's file name, once written
         self.ann_file: str | None = None  # the ANN structure's file name, once written
         self.vectors: F32 = np.zeros((alloc, dim), dtype=np.float32)
@@ -385,7 +388,10 @@ class Segment:
         n = self.n
         fixed = n * (self.dim * 4 + 8 * 9 + 4 * 4)
         strings = self.text_bytes + 64 * n
-        return fixed + strings + (self.ann.nbytes() if self.ann is not None else 0)
+        structures = (self.ann.nbytes() if self.ann is not None else 0) + (
+            self.half.nbytes() if self.half is not None else 0
+        )
+        return fixed + strings + structures
 
     def mask(self, n: int, spec: ReadSpec, idx: I64 | None = None) -> Mask | None:
         """Which of rows ``idx`` (default ``[0, n)``) the query may see; None if none can.
@@ -492,6 +498,7 @@ _SLOTS = (
     "n",
     "sealed",
     "ann",
+    "half",
     "file",
     "ann_file",
     "vectors",

@@ -1,0 +1,174 @@
+"""The half-precision copy of a segment answers exactly, near-ties and duplicates included.
+
+Half precision moves a score by up to ~5e-4; rows whose scores differ by less
+than that are ordered by the copy at random. The copy must then either prove
+that its candidate list holds the true top k (and re-score it in float32), or
+decline so that the float32 vectors are scanned. These tests build the cases
+where the proof fails: a cluster of near-identical vectors around the query,
+and many exact duplicates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamrag.changes import Op
+from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index.ann import AnnSpec
+from streamrag.index.base import CommitBatch, DocOp
+from streamrag.index.compaction import CompactionSpec
+from streamrag.index.half import HalfScan
+from streamrag.index.search import SearchTuning
+
+DIM = 64
+
+
+def _unit(a: np.ndarray) -> np.ndarray:
+    return (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _cluster(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """300 random rows and 200 rows within 1e-4 of one direction, the query near it.
+
+    The 200 scores then differ by ~1e-5: far above float32 rounding (~1e-7),
+    far below half precision's error.
+    """
+    rng = np.random.default_rng(seed)
+    base = _unit(rng.standard_normal(DIM))
+    near = _unit(base + 1e-4 * rng.standard_normal((200, DIM)))
+    far = _unit(rng.standard_normal((300, DIM)))
+    rows = np.vstack([far, near])
+    query = _unit(base + 3e-2 * rng.standard_normal(DIM))[None, :]
+    return rows, query
+
+
+def _brute(rows: np.ndarray, q: np.ndarray, k: int, mask: np.ndarray | None = None) -> list[int]:
+    scores = rows @ q
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    return [int(i) for i in np.argsort(-scores, kind="stable")[:k]]
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+@pytest.mark.parametrize("masked", [False, True])
+def test_random_rows_come_back_exactly(k: int, masked: bool) -> None:
+    rng = np.random.default_rng(k)
+    rows = _unit(rng.standard_normal((3000, DIM)))
+    half = HalfScan.build(rows)
+    assert half is not None
+    mask = rng.random(3000) < 0.7 if masked else None
+    matching = 3000 if mask is None else int(mask.sum())
+    queries = _unit(rng.standard_normal((3, DIM)))
+    got = half.search(rows, queries, k, mask, matching)
+    assert got is not None
+    found, scores = got
+    for i in range(3):
+        assert found[i].tolist() == _brute(rows, queries[i], k, mask)
+        np.testing.assert_allclose(scores[i], rows[found[i]] @ queries[i], rtol=1e-6)
+
+
+def test_fewer_matching_rows_than_k_are_padded() -> None:
+    rng = np.random.default_rng(2)
+    rows = _unit(rng.standard_normal((100, DIM)))
+    half = HalfScan.build(rows)
+    assert half is not None
+    mask = np.zeros(100, dtype=bool)
+    mask[[3, 50, 77]] = True
+    got = half.search(rows, rows[:1], 5, mask, 3)
+    assert got is not None
+    found, scores = got
+    assert sorted(found[0, :3].tolist()) == [3, 50, 77]
+    assert np.isneginf(scores[0, 3:]).all()
+
+
+def test_near_ties_are_declined_and_would_be_wrong_without_the_bound() -> None:
+    rows, query = _cluster(seed=5)
+    half = HalfScan.build(rows)
+    assert half is not None
+    # The 200 near rows sit within the copy's error of each other: no candidate
+    # list of k + margin rows can prove it holds the true top 5.
+    assert half.search(rows, query, 5, None, rows.shape[0]) is None
+    # Without the bound the copy answers, and wrongly: the case is a real one.
+    careless = HalfScan(half._index, half.rows, 0.0)
+    got = careless.search(rows, query, 5, None, rows.shape[0])
+    assert got is not None
+    assert got[0][0].tolist() != _brute(rows, query[0], 5)
+
+
+def test_duplicates_are_declined() -> None:
+    rng = np.random.default_rng(8)
+    rows = _unit(rng.standard_normal((500, DIM)))
+    rows[100:200] = rows[0]  # one paragraph in a hundred documents
+    half = HalfScan.build(rows)
+    assert half is not None
+    assert half.search(rows, rows[:1] + 0.0, 5, None, 500) is None
+
+
+def test_coordinates_beyond_half_precision_get_no_copy() -> None:
+    rows = np.ones((10, DIM), dtype=np.float32)
+    rows[3, 7] = 1e6
+    assert HalfScan.build(rows) is None
+    rows[3, 7] = np.inf
+    assert HalfScan.build(rows) is None
+
+
+SPEC = LsmSpec(
+    seal_rows=250,
+    ann=AnnSpec(min_rows=2**62),
+    compaction=CompactionSpec(fanout=64, seal_rows=250),
+    tuning=SearchTuning(half_min_rows=1),
+    wal_fsync=False,
+)
+
+
+def _index(rows: np.ndarray, domains: list[str]) -> LsmIndex:
+    index = LsmIndex(DIM, SPEC, background=False)
+    n = rows.shape[0]
+    docs = [
+        DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i, 1)
+        for i in range(n)
+    ]
+    index.commit(
+        CommitBatch(
+            docs=docs,
+            chunk_ids=np.arange(n, dtype=np.int64),
+            positions=np.zeros(n, np.int32),
+            texts=["x"] * n,
+            hashes=[b"h"] * n,
+            vectors=rows,
+            embedder_version="test",
+        )
+    )
+    index.seal_all()
+    index.maintain()
+    return index
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_the_index_answers_near_ties_exactly(seed: int) -> None:
+    rows, query = _cluster(seed)
+    domains = ["a" if i % 4 else "b" for i in range(rows.shape[0])]
+    index = _index(rows, domains)
+    segs = [v.segment for v in index.pin().views if v.rows]
+    assert segs
+    assert all(s.half is not None for s in segs), "no copy: this tests nothing"
+    for flt, mask in (
+        (SearchFilter(), None),
+        (SearchFilter(domains=frozenset({"a"})), np.array([d == "a" for d in domains])),
+    ):
+        _, hits = index.search_many(query, 5, flt)
+        assert [h.chunk_id for h in hits[0]] == _brute(rows, query[0], 5, mask)
+
+
+def test_a_copy_that_cannot_be_made_is_not_retried_and_search_stays_exact() -> None:
+    rng = np.random.default_rng(3)
+    rows = _unit(rng.standard_normal((500, DIM)))
+    rows[[7, 300]] *= 1e6  # beyond half precision, in both segments
+    index = _index(rows, ["a"] * 500)
+    segs = [v.segment for v in index.pin().views if v.rows]
+    assert all(s.half is None for s in segs)
+    assert not index.maintain()  # nothing left to try
+    q = _unit(rng.standard_normal((1, DIM)))
+    _, hits = index.search_many(q, 5, SearchFilter())
+    assert [h.chunk_id for h in hits[0]] == _brute(rows, q[0], 5)
