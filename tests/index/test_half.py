@@ -68,6 +68,22 @@ def test_random_rows_come_back_exactly(k: int, masked: bool) -> None:
         np.testing.assert_allclose(scores[i], rows[found[i]] @ queries[i], rtol=1e-6)
 
 
+def test_a_mask_over_the_best_rows_is_searched_with_the_mask() -> None:
+    """The best 60 rows are hidden: the unmasked candidate list holds none the query
+    may see, so the copy searches again with the mask instead of declining."""
+    rng = np.random.default_rng(4)
+    rows = _unit(rng.standard_normal((2000, DIM)))
+    q = rows[:1].copy()
+    order = np.argsort(-(rows @ q[0]))
+    mask = np.ones(2000, dtype=bool)
+    mask[order[:60]] = False
+    half = HalfScan.build(rows)
+    assert half is not None
+    got = half.search(rows, q, 5, mask, int(mask.sum()))
+    assert got is not None
+    assert got[0][0].tolist() == _brute(rows, q[0], 5, mask)
+
+
 def test_fewer_matching_rows_than_k_are_padded() -> None:
     rng = np.random.default_rng(2)
     rows = _unit(rng.standard_normal((100, DIM)))
