@@ -169,6 +169,7 @@ def test_the_index_answers_near_ties_exactly(seed: int) -> None:
     segs = [v.segment for v in index.pin().views if v.rows]
     assert segs
     assert all(s.half is not None for s in segs), "no copy: this tests nothing"
+    assert index.health().half_segments == len(segs)
     for flt, mask in (
         (SearchFilter(), None),
         (SearchFilter(domains=frozenset({"a"})), np.array([d == "a" for d in domains])),

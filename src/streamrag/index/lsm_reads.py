@@ -56,6 +56,8 @@ class IndexHealth:
     epoch_floor: int
     wal_torn_tails: int = 0
     """Torn last log records cut off on open (a crash in the middle of a commit)."""
+    half_segments: int = 0
+    """Sealed segments scanned exactly through a half-precision copy (:mod:`.half`)."""
 
 
 class LsmReads(LsmState):
@@ -212,4 +214,5 @@ class LsmReads(LsmState):
             history_floor_us=man.history_floor_us,
             epoch_floor=man.epoch_floor,
             wal_torn_tails=self._wal.torn_tails if self._wal is not None else 0,
+            half_segments=sum(1 for s in segs if s.half is not None),
         )
