@@ -189,3 +189,12 @@ def test_a_copy_that_cannot_be_made_is_not_retried_and_search_stays_exact() -> N
     q = _unit(rng.standard_normal((1, DIM)))
     _, hits = index.search_many(q, 5, SearchFilter())
     assert [h.chunk_id for h in hits[0]] == _brute(rows, q[0], 5)
+
+
+def test_the_copies_are_counted_in_the_metrics() -> None:
+    from streamrag.runtime.metrics import _IndexCollector
+
+    rng = np.random.default_rng(9)
+    index = _index(_unit(rng.standard_normal((500, DIM))), ["a"] * 500)
+    gauges = {m.name: m.samples[0].value for m in _IndexCollector(index.health).collect()}
+    assert gauges["streamrag_index_half_segments"] == 2.0

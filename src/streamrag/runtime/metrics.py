@@ -264,6 +264,11 @@ class _IndexCollector(Collector):
         ("ann_segments", "streamrag_index_ann_segments", "Sealed segments with an ANN structure."),
         ("ann_pending", "streamrag_index_ann_pending", "Sealed segments waiting for their ANN."),
         (
+            "half_segments",
+            "streamrag_index_half_segments",
+            "Sealed segments scanned exactly through a half-precision copy of their vectors.",
+        ),
+        (
             "ann_recall_min",
             "streamrag_index_ann_recall_min",
             "Lowest recall@10 of an ANN structure on recent queries (1 when none measured).",
