@@ -198,3 +198,30 @@ def test_the_copies_are_counted_in_the_metrics() -> None:
     index = _index(_unit(rng.standard_normal((500, DIM))), ["a"] * 500)
     gauges = {m.name: m.samples[0].value for m in _IndexCollector(index.health).collect()}
     assert gauges["streamrag_index_half_segments"] == 2.0
+
+
+def test_copies_can_be_turned_off() -> None:
+    from streamrag.config import IndexSettings
+    from streamrag.index.factory import lsm_spec
+
+    assert lsm_spec(IndexSettings()).tuning.half_min_rows == SearchTuning().half_min_rows
+    spec = lsm_spec(IndexSettings(half_copies=False, seal_rows=4096))
+    index = LsmIndex(DIM, spec, background=False)
+    rng = np.random.default_rng(1)
+    rows = _unit(rng.standard_normal((9000, DIM)))
+    docs = [DocOp("default", f"d{i}", Op.UPSERT, 1_000, i, "src", "", i, 1) for i in range(9000)]
+    index.commit(
+        CommitBatch(
+            docs=docs,
+            chunk_ids=np.arange(9000, dtype=np.int64),
+            positions=np.zeros(9000, np.int32),
+            texts=["x"] * 9000,
+            hashes=[b"h"] * 9000,
+            vectors=rows,
+            embedder_version="test",
+        )
+    )
+    index.seal_all()
+    index.maintain()
+    assert index.health().segments >= 2
+    assert index.health().half_segments == 0

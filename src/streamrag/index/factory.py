@@ -21,6 +21,7 @@ from streamrag.index.base import VectorIndex
 from streamrag.index.compaction import CompactionSpec
 from streamrag.index.exact import ExactIndex
 from streamrag.index.lsm import LsmIndex, LsmSpec
+from streamrag.index.search import SearchTuning
 from streamrag.timing import US_PER_S, Clock
 
 __all__ = ["build_index", "lsm_spec"]
@@ -47,6 +48,7 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
             hnsw_ef_search=settings.hnsw_ef_search,
             ivf_nprobe=settings.ivf_nprobe,
         ),
+        tuning=SearchTuning() if settings.half_copies else SearchTuning(half_min_rows=_NO_ANN),
         compaction=CompactionSpec(
             fanout=settings.compact_fanout,
             max_segment_rows=settings.max_segment_rows,
