@@ -44,7 +44,7 @@ def test_the_specs_read_as_flink_and_beam_name_them() -> None:
     assert Trigger().kind == "watermark"
     assert Global().assign(-5) == Global().assign(10**17) == [GLOBAL_WINDOW]
     # Results show windows as ISO-8601 times: the global window has dates.
-    assert format_timestamp(GLOBAL_WINDOW.start) == "1-01-01T00:00:00Z"
+    assert format_timestamp(GLOBAL_WINDOW.start) == "0001-01-01T00:00:00Z"
     assert format_timestamp(GLOBAL_WINDOW.end) == "9999-12-31T23:59:59.999999Z"
     with pytest.raises(SpecError, match="count must be a positive"):
         Trigger.of_count(0)
