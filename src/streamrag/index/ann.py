@@ -223,6 +223,19 @@ _faiss_module: Any = None
 _one_thread = threading.local()
 
 
+def all_found(labels: npt.NDArray[np.int64]) -> bool:
+    """Whether every query got all its candidates: FAISS puts missing ones (-1) last.
+
+    One query (the common call) is read as a Python int: a numpy reduction over
+    a handful of labels costs more than the rest of this check.
+    """
+    if labels.size == 0:
+        return True
+    if labels.shape[0] == 1:
+        return int(labels.item(labels.size - 1)) >= 0
+    return int(labels[:, -1].min()) >= 0
+
+
 def _faiss() -> Any:
     """FAISS, with OpenMP set to one thread in the calling thread.
 
@@ -322,7 +335,7 @@ class HnswAnn:
         if k <= 0 or m == 0:
             return np.full((m, max(k, 0)), -1, dtype=np.int64), np.zeros((m, max(k, 0)), np.float32)
         scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
-        if int(labels[:, -1].min()) < 0:
+        if not all_found(labels):
             scores = np.where(labels >= 0, scores, np.float32(-np.inf))
         return labels, scores
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.index.ann import all_found
 from streamrag.index.base import Hit
 from streamrag.index.segment import NEVER, ReadSpec, Segment
 
@@ -94,8 +95,11 @@ def search_segments(
         return [[] for _ in range(m)]
     if len(parts) == 1 and parts[0].ordered:
         # One list whose candidates came back best first: nothing to merge.
-        segs, which = parts[0].sources()
-        return _materialize(segs, which, parts[0].rows, parts[0].scores)
+        only = parts[0]
+        if only.which is None:
+            return _materialize([only.segment], None, only.rows, only.scores)
+        segs, which = only.sources()
+        return _materialize(segs, which, only.rows, only.scores)
     segs = []
     whiches: list[I64] = []
     for f in parts:
@@ -120,8 +124,10 @@ def search_segments(
     )
 
 
-def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> list[list[Hit]]:
+def _materialize(segs: list[Segment], which: I64 | None, rows: I64, scores: F32) -> list[list[Hit]]:
     """Hits from (queries × k) segment numbers, rows and scores, best first; -inf = none.
+
+    ``which`` None: every candidate is from the one segment in ``segs``.
 
     Number columns are gathered with one fancy index per segment and column, not
     one numpy scalar per hit: building hits would otherwise cost more than the
@@ -129,15 +135,17 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
     """
     m, kk = rows.shape
     flat_rows = rows.ravel()
-    flat_which = which.ravel()
-    if len(segs) == 1:
-        one = segs[0]
+    one = segs[0]
+    which_l: list[int] | None = None
+    if which is None or len(segs) == 1:
         chunk_ids = one.chunk_ids[flat_rows].tolist()
         positions = one.positions[flat_rows].tolist()
         times = one.valid_from[flat_rows].tolist()
         offsets = one.offsets[flat_rows].tolist()
         epochs = one.committed[flat_rows].tolist()
     else:
+        flat_which = which.ravel()
+        which_l = flat_which.tolist()
         cols = np.empty((5, flat_rows.size), dtype=np.int64)
         for g, seg in enumerate(segs):
             sel = flat_which == g
@@ -149,7 +157,6 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
             cols[4, sel] = seg.committed[picked]
         chunk_ids, positions, times, offsets, epochs = cols.tolist()
     rows_l = flat_rows.tolist()
-    which_l = flat_which.tolist()
     scores_l = scores.ravel().tolist()
     ninf = -math.inf
     out: list[list[Hit]] = []
@@ -159,7 +166,7 @@ def _materialize(segs: list[Segment], which: I64, rows: I64, scores: F32) -> lis
             score = scores_l[j]
             if score == ninf:
                 continue
-            seg = segs[which_l[j]]
+            seg = one if which_l is None else segs[which_l[j]]
             r = rows_l[j]
             hits.append(
                 Hit(
@@ -441,7 +448,7 @@ def _ann(
         # The hot path: nothing superseded, one tenant, the latest epoch — every
         # candidate is visible and the graph's scores are exact.
         labels, scores = ann.search(q, k)
-        if scores is not None and labels.shape[1] == k and bool((labels >= 0).all()):
+        if scores is not None and labels.shape[1] == k and all_found(labels):
             return _Found(seg, scores.astype(np.float32, copy=False), labels, ordered=True)
     out_s = np.full((m, k), -np.inf, dtype=np.float32)
     out_l = np.zeros((m, k), dtype=np.int64)
