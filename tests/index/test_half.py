@@ -10,6 +10,8 @@ and many exact duplicates.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -133,7 +135,7 @@ SPEC = LsmSpec(
     seal_rows=250,
     ann=AnnSpec(min_rows=2**62),
     compaction=CompactionSpec(fanout=64, seal_rows=250),
-    tuning=SearchTuning(half_min_rows=1),
+    tuning=SearchTuning(half_min_rows=1, half_min_bytes=0),
     wal_fsync=False,
 )
 
@@ -204,8 +206,21 @@ def test_copies_can_be_turned_off() -> None:
     from streamrag.config import IndexSettings
     from streamrag.index.factory import lsm_spec
 
-    assert lsm_spec(IndexSettings()).tuning.half_min_rows == SearchTuning().half_min_rows
-    spec = lsm_spec(IndexSettings(half_copies=False, seal_rows=4096))
+    assert lsm_spec(IndexSettings()).tuning == SearchTuning()
+    for on in (True, False):
+        spec = lsm_spec(IndexSettings(half_copies=on, seal_rows=4096))
+        spec = replace(spec, tuning=replace(spec.tuning, half_min_bytes=0))
+        index = _filled(spec)
+        assert (index.health().half_segments > 0) == on
+
+
+def test_an_index_scanned_within_the_cache_gets_no_copies() -> None:
+    index = _filled(replace(SPEC, tuning=SearchTuning(half_min_rows=1)))
+    assert index.health().segments >= 2
+    assert index.health().half_segments == 0  # 9,000 rows x 64: 2.3 MB
+
+
+def _filled(spec: LsmSpec) -> LsmIndex:
     index = LsmIndex(DIM, spec, background=False)
     rng = np.random.default_rng(1)
     rows = _unit(rng.standard_normal((9000, DIM)))
@@ -223,5 +238,4 @@ def test_copies_can_be_turned_off() -> None:
     )
     index.seal_all()
     index.maintain()
-    assert index.health().segments >= 2
-    assert index.health().half_segments == 0
+    return index

@@ -109,7 +109,7 @@ HALF_SPEC = LsmSpec(
     ann=AnnSpec(min_rows=2**62),
     compaction=CompactionSpec(fanout=64, seal_rows=16),
     # Every sealed segment gets a half-precision copy, used for up to 16 queries a call.
-    tuning=SearchTuning(half_min_rows=1, half_max_queries=16),
+    tuning=SearchTuning(half_min_rows=1, half_min_bytes=0, half_max_queries=16),
     wal_fsync=False,
 )
 

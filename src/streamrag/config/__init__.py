@@ -243,9 +243,9 @@ class IndexSettings(_Frozen):
     )
     half_copies: bool = Field(
         True,
-        description="Sealed segments scanned exactly keep a half-precision copy of their "
-        "vectors, through which single queries scan half the bytes, still exactly "
-        "(1.5x on scans past the CPU cache here; 50% more memory for those vectors).",
+        description="Once the vectors scanned exactly pass 16 MiB, sealed segments scanned "
+        "exactly keep a half-precision copy, through which single queries scan half the "
+        "bytes, still exactly (1.5x here; 50% more memory for those vectors).",
     )
     ivfpq_min_rows: int = Field(
         2_000_000,

@@ -193,7 +193,10 @@ class LsmMaintenance(LsmPersistence):
             except BuildCancelled:
                 return False  # closing: the segments stay as they were
         elif merged.n >= self._spec.tuning.half_min_rows:
-            merged.half = HalfScan.build(merged.vectors[: merged.n])
+            with self._lock:
+                wanted = self._scans_past_cache()
+            if wanted:
+                merged.half = HalfScan.build(merged.vectors[: merged.n])
         if self._path is not None and merged.n:
             self._write_segment(merged)
         with self._lock:

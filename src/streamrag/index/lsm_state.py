@@ -254,6 +254,8 @@ class LsmState:
         """Sealed segments searched exactly that have no half-precision copy yet."""
         spec = self._spec.ann
         least = self._spec.tuning.half_min_rows
+        if not self._scans_past_cache():
+            return []
         return [
             s
             for s in self._segments.values()
@@ -264,6 +266,11 @@ class LsmState:
             and s.id not in self._failed_half
             and (choose_ann(s.n, spec) is None or s.id in self._failed_ann)
         ]
+
+    def _scans_past_cache(self) -> bool:
+        """Whether the vectors scanned exactly (no ANN) reach ``tuning.half_min_bytes``."""
+        scanned = sum(s.n * s.dim * 4 for s in self._segments.values() if s.ann is None)
+        return scanned >= self._spec.tuning.half_min_bytes
 
     def _wants_ann(self) -> bool:
         """Whether maintenance has a structure to build: an ANN or a half-precision copy."""

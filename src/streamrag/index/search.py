@@ -59,6 +59,9 @@ class SearchTuning:
     exact_max_rows: int = 4096
     min_ann_share: float = 0.02
     half_min_rows: int = 2048  # smaller sealed segments get no copy (3 MB stays cached)
+    # Nor does any segment while all exactly scanned vectors together are smaller:
+    # a scan that stays in the CPU's cache gains nothing from reading half the bytes.
+    half_min_bytes: int = 16 << 20
     half_max_queries: int = 3  # more per call: the float32 matrix product is as fast
 
 
