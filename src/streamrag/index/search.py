@@ -139,26 +139,8 @@ def _materialize(segs: list[Segment], which: I64 | None, rows: I64, scores: F32)
     m, kk = rows.shape
     flat_rows = rows.ravel()
     one = segs[0]
-    which_l: list[int] | None = None
-    if which is None or len(segs) == 1:
-        chunk_ids = one.chunk_ids[flat_rows].tolist()
-        positions = one.positions[flat_rows].tolist()
-        times = one.valid_from[flat_rows].tolist()
-        offsets = one.offsets[flat_rows].tolist()
-        epochs = one.committed[flat_rows].tolist()
-    else:
-        flat_which = which.ravel()
-        which_l = flat_which.tolist()
-        cols = np.empty((5, flat_rows.size), dtype=np.int64)
-        for g, seg in enumerate(segs):
-            sel = flat_which == g
-            picked = flat_rows[sel]
-            cols[0, sel] = seg.chunk_ids[picked]
-            cols[1, sel] = seg.positions[picked]
-            cols[2, sel] = seg.valid_from[picked]
-            cols[3, sel] = seg.offsets[picked]
-            cols[4, sel] = seg.committed[picked]
-        chunk_ids, positions, times, offsets, epochs = cols.tolist()
+    which_l = None if which is None or len(segs) == 1 else which.ravel().tolist()
+    chunk_ids, positions, times, offsets, epochs = _numbers(segs, which_l, flat_rows)
     rows_l = flat_rows.tolist()
     scores_l = scores.ravel().tolist()
     ninf = -math.inf
@@ -190,6 +172,26 @@ def _materialize(segs: list[Segment], which: I64 | None, rows: I64, scores: F32)
             )
         out.append(hits)
     return out
+
+
+def _numbers(segs: list[Segment], which: list[int] | None, rows: I64) -> list[list[int]]:
+    """The number columns of the hits (chunk id, position, event time, offset, epoch)."""
+    if which is None:
+        one = segs[0]
+        cols = (one.chunk_ids, one.positions, one.valid_from, one.offsets, one.committed)
+        return [c[rows].tolist() for c in cols]
+    flat_which = np.asarray(which, dtype=np.int64)
+    out = np.empty((5, rows.size), dtype=np.int64)
+    for g, seg in enumerate(segs):
+        sel = flat_which == g
+        picked = rows[sel]
+        out[0, sel] = seg.chunk_ids[picked]
+        out[1, sel] = seg.positions[picked]
+        out[2, sel] = seg.valid_from[picked]
+        out[3, sel] = seg.offsets[picked]
+        out[4, sel] = seg.committed[picked]
+    numbers: list[list[int]] = out.tolist()
+    return numbers
 
 
 @dataclass(slots=True)
