@@ -42,7 +42,7 @@ def _pending(changes: list[Change]) -> PendingBatch:
             prepared.append(None)
         else:
             text = str(c.payload["text"])
-            prepared.append(Prepared([text], [content_hash(text)], 2))
+            prepared.append(Prepared((text,), (content_hash(text),), 2))
     return PendingBatch(ChangeBatch.from_changes(changes), 0, prepared)
 
 
@@ -120,3 +120,27 @@ def test_the_epoch_log_keeps_its_new_versions_out_of_the_collectors_way() -> Non
     assert (v.tenant, v.doc_id, v.domain, v.event_time) == ("t", "a", "it", 1_000)
     gc.collect()
     assert not gc.is_tracked(v)  # nothing for a full collection to visit
+
+
+def test_the_chunk_stage_prepares_untracked_chunks_and_hashes() -> None:
+    from streamrag.chunking import TokenSplitter
+    from streamrag.runtime.stages import ChunkStage
+
+    long = " ".join(f"w{i}" for i in range(10))
+    changes = ChangeBatch.from_changes(
+        [_upsert("a", 1, 1, long), Change("t", "b", Op.DELETE, 2, {}, "in", 2)]
+    )
+    out = ChunkStage(TokenSplitter(max_tokens=4, overlap_tokens=0))(changes)
+    assert out.letters == []
+    prep, gone = out.out.prepared
+    assert gone is None
+    assert prep is not None
+    assert prep.chunks == ("w0 w1 w2 w3", "w4 w5 w6 w7", "w8 w9")
+    assert prep.hashes == tuple(content_hash(c) for c in prep.chunks)
+    assert prep.tokens == 10
+    assert out.out.chunk_counts == [3, 1]
+    gc.collect()
+    # Alive until its change commits, and nothing in it for a full collection to visit.
+    assert not gc.is_tracked(prep)
+    assert not gc.is_tracked(prep.chunks)
+    assert not gc.is_tracked(prep.hashes)

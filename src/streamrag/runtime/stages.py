@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
+
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import Splitter, content_hash
 from streamrag.errors import InputError
@@ -224,12 +226,19 @@ def _redaction_failed(exc: Exception) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A change's chunks and their content hashes, made before it is queued."""
+class Prepared(msgspec.Struct, frozen=True, gc=False):
+    """A change's chunks and their content hashes, made before it is queued.
 
-    chunks: list[str]
-    hashes: list[bytes]
+    One is made for every upsert and lives until its change is committed, often
+    across several garbage-collector passes: as an untracked ``msgspec.Struct``
+    (``gc=False``) holding tuples of strings and bytes (which the collector
+    untracks once it has seen them), it adds nothing for those passes to visit
+    and nothing that counts towards the next full collection. Strings, bytes
+    and an integer cannot form a reference cycle, which makes that safe.
+    """
+
+    chunks: tuple[str, ...]
+    hashes: tuple[bytes, ...]
     tokens: int
 
 
@@ -278,7 +287,8 @@ class ChunkStage:
                     DeadLetter(changes.sources[i], int(changes.offsets[i]), "chunk", reason, raw)
                 )
                 continue
-            prepared.append(Prepared(chunks, [content_hash(c) for c in chunks], tokens))
+            hashes = tuple([content_hash(c) for c in chunks])
+            prepared.append(Prepared(tuple(chunks), hashes, tokens))
             keep.append(i)
         if len(keep) < len(changes):
             changes = changes.take(keep)
