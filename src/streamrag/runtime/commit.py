@@ -108,7 +108,7 @@ class Plan:
         first = len(self.texts)
         seen = self._first
         hashes = prep.hashes
-        for slot, h in enumerate(hashes, first):
+        for slot, (_, h) in enumerate(zip(prep.chunks, hashes, strict=True), first):
             row = current.get(h) if current else None
             src = seen.get(h)
             if row is not None:
@@ -122,9 +122,6 @@ class Plan:
             if src is None:
                 seen[h] = slot
         n = len(hashes)
-        if len(prep.chunks) != n:
-            msg = f"{len(prep.chunks)} chunks with {n} content hashes"
-            raise ValueError(msg)
         self.ids.extend([chunk_id(tenant, doc_id, pos) for pos in range(n)])
         self.positions.extend(range(n))
         self.texts.extend(prep.chunks)
