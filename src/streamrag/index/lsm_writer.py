@@ -47,19 +47,14 @@ def _version_order(docs: Sequence[DocOp], history: bool) -> list[int]:
     Of two changes with the same version, the later in the batch comes last (and
     is the one kept without history).
     """
-    order = sorted(
-        range(len(docs)),
-        key=lambda i: (docs[i].tenant, docs[i].doc_id, docs[i].event_time, docs[i].offset),
-    )
+    versions = [(d.tenant, d.doc_id, d.event_time, d.offset) for d in docs]
+    order = sorted(range(len(docs)), key=versions.__getitem__)
     if history:
         return order
     # Only the newest change per document: the last of its run in version order.
+    last = len(order) - 1
     return [
-        i
-        for j, i in enumerate(order)
-        if j + 1 == len(order)
-        or (docs[order[j + 1]].tenant, docs[order[j + 1]].doc_id)
-        != (docs[i].tenant, docs[i].doc_id)
+        i for j, i in enumerate(order) if j == last or versions[order[j + 1]][:2] != versions[i][:2]
     ]
 
 
@@ -103,24 +98,29 @@ class LsmWriter(LsmState):
         current: set[Key] = set()  # documents whose current version this commit changed
         pending = PendingRows(batch, epoch, self._next_rid)
         high = self._high
+        neighbours = self._neighbours
+        new_version = self._new_version
+        count_current = self._count_current
+        add = versions.add
+        forget = history and floor != MIN_TIMESTAMP
         for i in order:
             d = docs[i]
             key = (d.tenant, d.doc_id)
-            version = (d.event_time, d.offset)
-            before, after, held = self._neighbours(key, version)
+            before, after, held = neighbours(key, (d.event_time, d.offset))
             if held or (after is not None and after.version[0] <= floor):
                 stale += 1  # held already, or no readable version could show it
                 continue
             if before is not None and before.rows:
                 self._end(before, d.event_time, pending)
-            state = self._new_version(batch, i, after, pending)
+            state = new_version(batch, i, after, pending)
             filed += 1
             if after is None:
                 current.add(key)
-                high = max(high, d.event_time)
-                self._count_current(before, state)
-            versions.add(key, state)
-            if history and floor != MIN_TIMESTAMP:
+                if d.event_time > high:
+                    high = d.event_time
+                count_current(before, state)
+            add(key, state)
+            if forget:
                 versions.forget_before(key, floor)
         added = len(pending)
         rows = pending.rows()

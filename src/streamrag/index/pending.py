@@ -18,7 +18,6 @@ Two kinds of pending rows:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,29 +28,37 @@ from streamrag.index.segment import NEVER, Rows
 __all__ = ["PendingRows"]
 
 
-@dataclass(slots=True)
-class _Block:
-    """The pending rows of one version: ``n`` row ids from ``rid0``."""
-
-    rid0: int
-    n: int
-    valid_to: int  # NEVER: the version has no end (yet)
-    doc: DocOp | None = None  # the batch document whose chunks these are
-    copies: Rows | None = None  # or copies of rows already in segments
-
-
 class PendingRows:
-    """Rows given out during one commit and not yet written to a segment."""
+    """Rows given out during one commit and not yet written to a segment.
 
-    __slots__ = ("_blocks", "_by_rid", "batch", "epoch", "first_rid", "next_rid")
+    Kept as columns, one entry per pending version (its document, first row id
+    and end), and a short list of copy blocks: a commit adds one version per
+    document it changes, so no object is made per version beyond its row ids.
+    """
+
+    __slots__ = (
+        "_by_rid",
+        "_copies",
+        "_ends",
+        "_rid0s",
+        "_versions",
+        "batch",
+        "epoch",
+        "first_rid",
+        "next_rid",
+    )
 
     def __init__(self, batch: CommitBatch, epoch: int, next_rid: int) -> None:
         self.batch = batch
         self.epoch = epoch
         self.first_rid = next_rid
         self.next_rid = next_rid
-        self._blocks: list[_Block] = []
-        self._by_rid: dict[int, _Block] = {}
+        self._versions: list[DocOp] = []  # the batch document of each pending version
+        self._rid0s: list[int] = []  # its first row id
+        self._ends: list[int] = []  # its end in valid time (NEVER: none yet)
+        self._copies: list[tuple[int, Rows, list[int]]] = []  # rid0, rows, [valid_to]
+        self._by_rid: dict[int, int] = {}
+        """First row id -> ``k`` for the ``k``-th version, ``~k`` for the ``k``-th copy block."""
 
     def __len__(self) -> int:
         return self.next_rid - self.first_rid
@@ -62,42 +69,51 @@ class PendingRows:
 
     def add_version(self, doc: DocOp, valid_to: int) -> list[int]:
         """Row ids for the chunks of ``doc``, ending at ``valid_to`` (NEVER: current)."""
-        return self._add(_Block(self.next_rid, doc.n_chunks, valid_to, doc=doc))
+        rid0 = self.next_rid
+        self._by_rid[rid0] = len(self._versions)
+        self._versions.append(doc)
+        self._rid0s.append(rid0)
+        self._ends.append(valid_to)
+        self.next_rid = rid0 + doc.n_chunks
+        return list(range(rid0, self.next_rid))
 
     def add_copies(self, rows: Rows, valid_to: int) -> list[int]:
         """Row ids for copies of ``rows`` that end at ``valid_to`` from this epoch on."""
-        return self._add(_Block(self.next_rid, len(rows), valid_to, copies=rows))
-
-    def _add(self, block: _Block) -> list[int]:
-        self._blocks.append(block)
-        self._by_rid[block.rid0] = block
-        self.next_rid += block.n
-        return list(range(block.rid0, block.rid0 + block.n))
+        rid0 = self.next_rid
+        self._by_rid[rid0] = ~len(self._copies)
+        self._copies.append((rid0, rows, [valid_to]))
+        self.next_rid = rid0 + len(rows)
+        return list(range(rid0, self.next_rid))
 
     def end(self, rid0: int, valid_to: int) -> None:
         """Give the pending version whose first row is ``rid0`` an end (in place)."""
-        self._by_rid[rid0].valid_to = valid_to
+        k = self._by_rid[rid0]
+        if k >= 0:
+            self._ends[k] = valid_to
+        else:
+            self._copies[~k][2][0] = valid_to
 
     def rows(self) -> Rows | None:
         """Every pending row as one block (new versions first, then copies)."""
-        if not self._blocks:
+        if not self._versions and not self._copies:
             return None
         parts: list[Rows] = []
-        # New versions in the batch's own chunk order (they were decided in version order).
-        docs = sorted(
-            (b for b in self._blocks if b.doc is not None),
-            key=lambda b: b.doc.first_chunk if b.doc is not None else 0,
-        )
-        if docs:
-            parts.append(self._version_rows(docs))
-        for b in self._blocks:
-            if b.copies is not None:
-                parts.append(self._copy_rows(b))
+        if self._versions:
+            parts.append(self._version_rows())
+        for rid0, rows, valid_to in self._copies:
+            parts.append(self._copy_rows(rid0, rows, valid_to[0]))
         return Rows.concat(parts)
 
-    def _version_rows(self, blocks: list[_Block]) -> Rows:
+    def _version_rows(self) -> Rows:
+        """The new versions' rows, in the batch's own chunk order.
+
+        (They were decided in version order; each one's chunks are a run of
+        the batch's rows from its ``first_chunk``.)
+        """
         batch = self.batch
-        kept = [b.doc for b in blocks if b.doc is not None]
+        versions = self._versions
+        order = sorted(range(len(versions)), key=[d.first_chunk for d in versions].__getitem__)
+        kept = [versions[k] for k in order]
         counts = [d.n_chunks for d in kept]
         keep = [i for d in kept for i in range(d.first_chunk, d.first_chunk + d.n_chunks)]
         m = len(keep)
@@ -113,14 +129,16 @@ class PendingRows:
             return arr if single else np.repeat(arr, counts)
 
         idx = np.asarray(keep, dtype=np.int64)
-        ends = [b.valid_to for b in blocks]
-        valid_to = repeat(ends)
+        ends = self._ends
+        valid_to = repeat([ends[k] for k in order])
         sup = np.where(valid_to == NEVER, NEVER, self.epoch).astype(np.int64)
-        rids = (
-            np.asarray([b.rid0 for b in blocks], np.int64)
-            if single
-            else np.concatenate([np.arange(b.rid0, b.rid0 + b.n, dtype=np.int64) for b in blocks])
-        )
+        rid0s = np.asarray(self._rid0s, dtype=np.int64)[np.asarray(order, dtype=np.int64)]
+        if single:
+            rids = rid0s
+        else:  # each version's rows run from its first row id
+            starts = np.repeat(rid0s, counts)
+            within = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+            rids = starts + within
         return Rows(
             vectors=np.ascontiguousarray(batch.vectors[idx], dtype=np.float32),
             rids=rids,
@@ -143,13 +161,11 @@ class PendingRows:
             metadata=per_chunk([dict(d.metadata) if d.metadata else None for d in kept]),
         )
 
-    def _copy_rows(self, block: _Block) -> Rows:
-        rows = block.copies
-        assert rows is not None
-        n = block.n
-        rows.rids = np.arange(block.rid0, block.rid0 + n, dtype=np.int64)
+    def _copy_rows(self, rid0: int, rows: Rows, valid_to: int) -> Rows:
+        n = len(rows)
+        rows.rids = np.arange(rid0, rid0 + n, dtype=np.int64)
         rows.created = np.full(n, self.epoch, dtype=np.int64)
         rows.sup = np.full(n, self.epoch, dtype=np.int64)
-        rows.valid_to = np.full(n, block.valid_to, dtype=np.int64)
+        rows.valid_to = np.full(n, valid_to, dtype=np.int64)
         rows.dead = np.full(n, NEVER, dtype=np.int64)
         return rows

@@ -272,28 +272,42 @@ def batch_leaves(batch: CommitBatch) -> tuple[list[bytes], list[bytes]]:
 
     The bytes of :func:`chunk_leaf` for each chunk, with its text taken by the
     content hash the batch carries for it (the chunk stage made it from that
-    text; ``audit verify`` computes it again from the stored text).
+    text; ``audit verify`` computes it again from the stored text). Made per
+    document: its fields are converted once, and each chunk adds only its own
+    (position, id, embedder, hashes) to a copy of the document's part. The
+    vectors are hashed row by row from one copy of the matrix as bytes.
     """
     chunks: list[bytes] = []
     tombs: list[bytes] = []
     texts, hashes = batch.texts, batch.hashes
     by_hash = len(hashes) == len(texts)
     vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
+    row_bytes = vectors.shape[1] * 4 if vectors.ndim == 2 else 0
+    raw = memoryview(vectors.tobytes()) if row_bytes else memoryview(b"")  # sliced, not copied
     positions = np.asarray(batch.positions).tolist()
     ids = np.asarray(batch.chunk_ids).tolist()
+    made_by = batch.embedders(range(len(texts)))
+    encode, sha256 = _LEAF.encode, hashlib.sha256
     for d in batch.docs:
         if d.op == Op.DELETE or d.n_chunks == 0:  # the index keeps either as a tombstone
             tombs.append(tombstone_leaf(d.tenant, d.doc_id, d.event_time, d.offset))
             continue
-        rows = range(d.first_chunk, d.first_chunk + d.n_chunks)
-        for r, made_by in zip(rows, batch.embedders(rows), strict=True):
+        head = [
+            "chunk",
+            *(d.tenant, d.doc_id, int(d.event_time), int(d.offset), d.source, d.domain),
+            dict(d.metadata) if d.metadata else None,
+        ]
+        for r in range(d.first_chunk, d.first_chunk + d.n_chunks):
+            text_hash = hashes[r] if by_hash else content_hash(texts[r])
+            vector = raw[r * row_bytes : (r + 1) * row_bytes]
             chunks.append(
-                _hashed_chunk_leaf(
-                    *(d.tenant, d.doc_id, d.event_time, d.offset, d.source, d.domain),
-                    d.metadata,
-                    *(positions[r], ids[r], made_by),
-                    hashes[r] if by_hash else content_hash(texts[r]),
-                    vectors[r],
+                encode(
+                    [
+                        *head,
+                        *(int(positions[r]), int(ids[r]), made_by[r]),
+                        text_hash.hex(),
+                        sha256(vector).hexdigest(),
+                    ]
                 )
             )
     return chunks, tombs

@@ -51,7 +51,14 @@ from streamrag.embed.base import Embedder
 from streamrag.embed.choice import Choice, EmbedderChoice
 from streamrag.embed.resilient import EmbedOutcome, RetryPolicy, embed_resilient
 from streamrag.errors import EmbedderError
-from streamrag.index.base import CommitBatch, CommitResult, DocOp, KnowsEmbedders, VectorIndex
+from streamrag.index.base import (
+    CommitBatch,
+    CommitResult,
+    DocOp,
+    DocState,
+    KnowsEmbedders,
+    VectorIndex,
+)
 from streamrag.index.versions import is_newer, newest_per_doc
 from streamrag.ingest import DeadLetter
 from streamrag.runtime.cursor import Cursor
@@ -90,14 +97,18 @@ class Plan:
     """After poison was set aside: the slots kept (None: all)."""
     _first: dict[bytes, int] = field(default_factory=dict)
 
+    held: dict[tuple[str, str], tuple[int, int] | None] = field(default_factory=dict)
+    """The version the index held for each planned document before this commit (None:
+    none): looked up once per document, it also tells :func:`past_versions` its answer."""
+
     def add_chunks(
         self, tenant: str, doc_id: str, prep: Prepared, current: Mapping[bytes, int]
     ) -> int:
         """Add an upsert's chunks; ``current`` maps the document's current hashes to rows."""
         first = len(self.texts)
         seen = self._first
-        for pos, (chunk, h) in enumerate(zip(prep.chunks, prep.hashes, strict=True)):
-            slot = first + pos
+        hashes = prep.hashes
+        for slot, (_, h) in enumerate(zip(prep.chunks, hashes, strict=True), first):
             row = current.get(h) if current else None
             src = seen.get(h)
             if row is not None:
@@ -110,15 +121,20 @@ class Plan:
                 self.embed.append(slot)
             if src is None:
                 seen[h] = slot
-            self.ids.append(chunk_id(tenant, doc_id, pos))
-            self.positions.append(pos)
-            self.texts.append(chunk)
-            self.hashes.append(h)
+        n = len(hashes)
+        self.ids.extend([chunk_id(tenant, doc_id, pos) for pos in range(n)])
+        self.positions.extend(range(n))
+        self.texts.extend(prep.chunks)
+        self.hashes.extend(hashes)
         return first
 
 
 def plan(pending: PendingBatch, index: VectorIndex, *, history: bool) -> Plan:
-    """Step 1: the documents and chunks one micro-batch commits (see the module docstring)."""
+    """Step 1: the documents and chunks one micro-batch commits (see the module docstring).
+
+    The index is asked for each document's state once, however many of its
+    changes the batch holds; :attr:`Plan.held` keeps the versions it had.
+    """
     changes = pending.changes
     times = changes.event_times.tolist()
     offsets = changes.offsets.tolist()
@@ -129,32 +145,41 @@ def plan(pending: PendingBatch, index: VectorIndex, *, history: bool) -> Plan:
     prepared = pending.prepared or [None] * len(changes)
     sources, payloads = changes.sources, changes.payloads
     wants, doc_state = index.wants, index.doc_state
-    docs, doc_rows, add_chunks = out.docs, out.doc_rows, out.add_chunks
+    docs, doc_rows, add_chunks, held = out.docs, out.doc_rows, out.add_chunks, out.held
+    states: dict[tuple[str, str], DocState | None] = {}
     no_state: dict[bytes, int] = {}  # a new document: no chunk to reuse (never written to)
+    delete = Op.DELETE
     for i in candidates:
-        tenant, doc_id = keys[i]
-        if not wants(tenant, doc_id, times[i], offsets[i]):
+        key = keys[i]
+        tenant, doc_id = key
+        t, o = times[i], offsets[i]
+        if not wants(tenant, doc_id, t, o):
             out.stale += 1
             continue
         doc_rows.append(i)
+        if key in states:
+            state = states[key]
+        else:
+            state = states[key] = doc_state(tenant, doc_id)
+            held[key] = None if state is None else state.version
         source = sources[i]
-        if ops[i] == Op.DELETE:
-            docs.append(DocOp(tenant, doc_id, Op.DELETE, times[i], offsets[i], source))
+        if ops[i] == delete:
+            docs.append(DocOp(tenant, doc_id, delete, t, o, source))
             continue
         prep = prepared[i]
         assert prep is not None  # every upsert was chunked before it was queued
-        state = doc_state(tenant, doc_id)
         current = no_state
-        if state is not None and not state.deleted:
+        if state is not None and not state.deleted and state.hashes:
             current = dict(zip(state.hashes, state.rows, strict=True))
         first = add_chunks(tenant, doc_id, prep, current)
         payload = payloads[i]
-        domain = str(payload.get("domain", ""))
+        domain = payload.get("domain", "")
         metadata = payload.get("metadata") or None
         docs.append(
             DocOp(
-                *(tenant, doc_id, Op.UPSERT, times[i], offsets[i], source),
-                *(domain, first, len(prep.chunks), metadata),
+                *(tenant, doc_id, Op.UPSERT, t, o, source),
+                *(str(domain), first, len(prep.hashes)),
+                metadata,
             )
         )
     return out
@@ -364,7 +389,7 @@ class Committer:
             "chunks_embedded": embedded,
             "chunks_reused": len(p.reuse) + len(p.alias),
             "commits": 1,
-            "past_versions": past_versions(p.docs, index),
+            "past_versions": past_versions(p.docs, index, p.held),
             "embed_retries": self.embedding.retries - retries,
         }
         cursor = capture()
@@ -450,16 +475,29 @@ def _set_poison_aside(
     return letters
 
 
-def past_versions(docs: Sequence[DocOp], index: VectorIndex) -> int:
-    """How many of a commit's documents will not become current (older than another)."""
+def past_versions(
+    docs: Sequence[DocOp],
+    index: VectorIndex,
+    held: Mapping[tuple[str, str], tuple[int, int] | None] | None = None,
+) -> int:
+    """How many of a commit's documents will not become current (older than another).
+
+    ``held`` is the version the index holds per document (None: none), when the
+    caller looked it up already (:attr:`Plan.held`); otherwise the index is asked.
+    """
     newest: dict[tuple[str, str], tuple[int, int]] = {}
     for d in docs:
         key = (d.tenant, d.doc_id)
         v = (d.event_time, d.offset)
-        if key not in newest:
-            state = index.doc_state(d.tenant, d.doc_id)
-            newest[key] = state.version if state is not None else v
-        if is_newer(v, newest[key]):
+        top = newest.get(key)
+        if top is None:
+            if held is not None and key in held:
+                top = held[key]
+            else:
+                state = index.doc_state(d.tenant, d.doc_id)
+                top = None if state is None else state.version
+            newest[key] = v if top is None or is_newer(v, top) else top
+        elif is_newer(v, top):
             newest[key] = v
     return sum(1 for d in docs if is_newer(newest[(d.tenant, d.doc_id)], (d.event_time, d.offset)))
 

@@ -34,6 +34,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+import msgspec
+
 from streamrag.changes import Op
 from streamrag.errors import ArgumentError
 from streamrag.index.base import CommitBatch, CommitResult
@@ -42,9 +44,17 @@ from streamrag.timing import Timestamp
 __all__ = ["EpochChanges", "EpochLog", "NewVersion"]
 
 
-@dataclass(frozen=True, slots=True)
-class NewVersion:
-    """Where an upserted document's new version lives: what filters can match."""
+class NewVersion(msgspec.Struct, frozen=True, gc=False):
+    """Where an upserted document's new version lives: what filters can match.
+
+    A ``msgspec.Struct`` without garbage-collector tracking (``gc=False``)
+    rather than a dataclass: the log keeps one per upsert for many epochs, and
+    an untracked object costs nothing to the collector's full passes, which
+    otherwise visit every one of them again and again as the log grows. It
+    holds only strings and an integer, so it can never be part of a reference
+    cycle, which is what makes leaving it untracked safe. It is also about ten
+    times quicker to make than a frozen dataclass.
+    """
 
     tenant: str
     doc_id: str

@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
+
 from streamrag.changes import ChangeBatch, Op
 from streamrag.chunking import Splitter, content_hash
 from streamrag.errors import InputError
@@ -178,10 +180,27 @@ class RedactStage:
         if redactor is None:
             return StageResult(changes if payloads is None else replace(changes, payloads=payloads))
         payloads = list(changes.payloads) if payloads is None else payloads
+        ops = changes.ops.tolist()
+        upserts = [p for p, op in zip(payloads, ops, strict=True) if op != Op.DELETE]
+        try:
+            clean = redactor.screen_out(upserts)
+        except Exception:  # each change then meets the redactor on its own, and its letter
+            clean = False
+        if clean:
+            # Nothing any detector looks for in the whole batch (plain prose): every change
+            # goes on as it is, with what the push journal had taken out still counted.
+            if self.metrics is not None and not replay:
+                journal: Counter[str] = Counter()
+                for p in upserts:
+                    if p.get("redactions"):
+                        journal.update(p["redactions"])
+                for entity, n in journal.items():
+                    self.metrics.redactions.labels(entity=entity).inc(n)
+            return StageResult(replace(changes, payloads=payloads))
         keep: list[int] = []
         letters: list[DeadLetter] = []
         counts: Counter[str] = Counter()
-        for i, op in enumerate(changes.ops.tolist()):
+        for i, op in enumerate(ops):
             if op == Op.DELETE:
                 keep.append(i)
                 continue
@@ -224,12 +243,19 @@ def _redaction_failed(exc: Exception) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A change's chunks and their content hashes, made before it is queued."""
+class Prepared(msgspec.Struct, frozen=True, gc=False):
+    """A change's chunks and their content hashes, made before it is queued.
 
-    chunks: list[str]
-    hashes: list[bytes]
+    One is made for every upsert and lives until its change is committed, often
+    across several garbage-collector passes: as an untracked ``msgspec.Struct``
+    (``gc=False``) holding tuples of strings and bytes (which the collector
+    untracks once it has seen them), it adds nothing for those passes to visit
+    and nothing that counts towards the next full collection. Strings, bytes
+    and an integer cannot form a reference cycle, which makes that safe.
+    """
+
+    chunks: tuple[str, ...]
+    hashes: tuple[bytes, ...]
     tokens: int
 
 
@@ -278,7 +304,8 @@ class ChunkStage:
                     DeadLetter(changes.sources[i], int(changes.offsets[i]), "chunk", reason, raw)
                 )
                 continue
-            prepared.append(Prepared(chunks, [content_hash(c) for c in chunks], tokens))
+            hashes = tuple([content_hash(c) for c in chunks])
+            prepared.append(Prepared(tuple(chunks), hashes, tokens))
             keep.append(i)
         if len(keep) < len(changes):
             changes = changes.take(keep)

@@ -256,6 +256,30 @@ class Redactor:
         """Every entity type the detectors report."""
         return sorted({e for d in self.detectors for e in d.entities})
 
+    def screen_out(self, payloads: Sequence[Mapping[str, Any]]) -> bool:
+        """True when no detector can find anything in any of ``payloads`` (one pass for all).
+
+        The strings :meth:`redact` scans (text, title, metadata leaves) of every
+        payload are joined and screened at once: a batch of plain prose is ruled
+        out with one ``bytes.translate``, and each of its payloads is then left
+        as it is, exactly as :meth:`redact` would leave it. False says only that
+        some payload *may* hold something (or that a detector declares no
+        candidates): each one must then go through :meth:`redact`.
+        """
+        screen = self._screen
+        if screen is None:
+            return False
+        leaves: list[str] = []
+        for payload in payloads:
+            text, title = payload.get("text"), payload.get("title")
+            if isinstance(text, str):
+                leaves.append(text)
+            if isinstance(title, str):
+                leaves.append(title)
+            if "metadata" in payload:
+                _leaves(payload["metadata"], leaves)
+        return not screen(_SEP.join(leaves))
+
     def find(self, text: str) -> list[Span]:
         """Every entity in ``text``, overlaps resolved (earlier detectors win ties).
 
