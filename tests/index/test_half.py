@@ -239,3 +239,21 @@ def _filled(spec: LsmSpec) -> LsmIndex:
     index.seal_all()
     index.maintain()
     return index
+
+
+def test_a_copy_that_fails_to_build_leaves_the_segment_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(vectors: np.ndarray) -> HalfScan | None:
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(HalfScan, "build", staticmethod(broken))
+    rng = np.random.default_rng(12)
+    rows = _unit(rng.standard_normal((500, DIM)))
+    index = _index(rows, ["a"] * 500)  # maintain() does not raise
+    assert index.health().half_segments == 0
+    assert "MemoryError" in (index.last_maintenance_error or "")
+    assert not index.maintain()  # not tried again
+    q = _unit(rng.standard_normal((1, DIM)))
+    _, hits = index.search_many(q, 5, SearchFilter())
+    assert [h.chunk_id for h in hits[0]] == _brute(rows, q[0], 5)

@@ -135,7 +135,12 @@ class LsmMaintenance(LsmPersistence):
         if not todo:
             return False
         seg = todo[0]
-        half = HalfScan.build(seg.vectors[: seg.n])
+        try:
+            half = HalfScan.build(seg.vectors[: seg.n])
+        except Exception as exc:  # searched over float32 from now on, as before
+            log.exception("building the half-precision copy of %r failed", seg)
+            self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+            half = None
         with self._lock:
             if half is None:
                 self._failed_half.add(seg.id)  # coordinates beyond half precision's range
