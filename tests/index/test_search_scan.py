@@ -222,3 +222,56 @@ def test_a_graph_that_comes_up_short_is_scanned_exactly(name: str, m: int) -> No
     _, hits = w.index.search_many(queries, 7, flt)
     for q, got in zip(queries, hits, strict=True):
         assert [h.chunk_id for h in got] == w.brute(q, 7, flt)
+
+
+def test_copies_made_while_readers_search_a_hostile_stream() -> None:
+    """Readers search while commits bring several versions of a document at once,
+    late versions and deletes of strangers, and maintenance adds half-precision
+    copies in between: no read fails or comes back unordered, and the end state
+    is the brute force's, through the copies."""
+    import threading
+
+    w = _World(HALF_SPEC)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    reads = [0]
+
+    def reader() -> None:
+        rng = np.random.default_rng(77)
+        while not stop.is_set():
+            try:
+                for flt in FILTERS.values():
+                    _, hits = w.index.search_many(np.stack([_vec(rng)]), 5, flt)
+                    scores = [h.score for h in hits[0]]
+                    assert scores == sorted(scores, reverse=True)
+                    assert all(h.tenant == flt.tenant for h in hits[0])
+                reads[0] += 1
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+                return
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for r in range(12):
+            base = 1_000 + 100 * r
+            batch = [("default", f"d{i}", Op.UPSERT, base + i) for i in range(r, DOCS, 3)]
+            batch += [("default", f"d{i}", Op.UPSERT, base + i + 50) for i in range(r, DOCS, 7)]
+            batch += [("default", f"d{i}", Op.UPSERT, base - 500 + i) for i in range(0, DOCS, 11)]
+            batch += [("default", f"d{r}", Op.DELETE, base + 99), ("default", "d999", Op.DELETE, 1)]
+            batch += [("acme", f"d{i}", Op.UPSERT, base + i) for i in range(r, 30, 4)]
+            w.commit(batch)
+            w.index.maintain()
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors[0]
+    assert reads[0] > 0
+    copies = [v.segment.half for v in w.index.pin().views if v.segment.sealed]
+    assert copies
+    assert all(c is not None for c in copies), "no copy: this tests nothing"
+    rng = np.random.default_rng(5)
+    for flt in FILTERS.values():
+        q = _vec(rng)
+        _, hits = w.index.search_many(q[None, :], 7, flt)
+        assert [h.chunk_id for h in hits[0]] == w.brute(q, 7, flt)

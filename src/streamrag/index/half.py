@@ -4,8 +4,9 @@ An exact scan reads every vector of a segment. Past the CPU's cache that is
 bound by memory bandwidth, not arithmetic: here one query over 21,200 float32
 rows × 384 (33 MB, more than this host's 32 MB L3) took 1.04 ms with numpy's
 matrix-vector product, and 0.33 ms over the same rows in IEEE half precision
-with FAISS's fp16 scalar quantizer and its SIMD kernel (``benchmarks/README.md``
-says how it was measured). A :class:`HalfScan` is that copy, for a sealed
+with FAISS's fp16 scalar quantizer and its SIMD kernel, one thread each; through
+the whole search path, 100,000 rows in 13 segments answered 1.57× as many single
+queries (``benchmarks/index.py``). A :class:`HalfScan` is that copy, for a sealed
 segment searched exactly (one too small for an ANN structure, or whose
 structure missed its recall target).
 

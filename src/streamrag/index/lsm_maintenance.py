@@ -135,12 +135,7 @@ class LsmMaintenance(LsmPersistence):
         if not todo:
             return False
         seg = todo[0]
-        try:
-            half = HalfScan.build(seg.vectors[: seg.n])
-        except Exception as exc:  # searched over float32 from now on, as before
-            log.exception("building the half-precision copy of %r failed", seg)
-            self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
-            half = None
+        half = self._half_copy(seg)
         with self._lock:
             if half is None:
                 self._failed_half.add(seg.id)  # coordinates beyond half precision's range
@@ -150,6 +145,15 @@ class LsmMaintenance(LsmPersistence):
             if current is not None and current.vectors is seg.vectors:
                 current.half = half
         return True
+
+    def _half_copy(self, seg: Segment) -> HalfScan | None:
+        """The segment's half-precision copy; None if its vectors or the build refuse one."""
+        try:
+            return HalfScan.build(seg.vectors[: seg.n])
+        except Exception as exc:  # searched over float32, as before
+            log.exception("building the half-precision copy of %r failed", seg)
+            self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+            return None
 
     def _attach_ann(self, seg: Segment, ann: Ann) -> None:
         with self._lock:
@@ -201,7 +205,7 @@ class LsmMaintenance(LsmPersistence):
             with self._lock:
                 wanted = self._scans_past_cache()
             if wanted:
-                merged.half = HalfScan.build(merged.vectors[: merged.n])
+                merged.half = self._half_copy(merged)
         if self._path is not None and merged.n:
             self._write_segment(merged)
         with self._lock:

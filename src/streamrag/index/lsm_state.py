@@ -254,9 +254,7 @@ class LsmState:
         """Sealed segments searched exactly that have no half-precision copy yet."""
         spec = self._spec.ann
         least = self._spec.tuning.half_min_rows
-        if not self._scans_past_cache():
-            return []
-        return [
+        todo = [
             s
             for s in self._segments.values()
             if s.sealed
@@ -266,6 +264,8 @@ class LsmState:
             and s.id not in self._failed_half
             and (choose_ann(s.n, spec) is None or s.id in self._failed_ann)
         ]
+        # Asked after every commit: the sum over all segments only when there is a candidate.
+        return todo if todo and self._scans_past_cache() else []
 
     def _scans_past_cache(self) -> bool:
         """Whether the vectors scanned exactly (no ANN) reach ``tuning.half_min_bytes``."""
