@@ -275,6 +275,10 @@ def test_restart_resumes_at_the_oldest_waiting_offset_at_once(
     b.committed({part: seqs[-1] + 1}, {})
     wait_for(lambda: js.consumer(stream, src.durable).num_ack_pending == 0, 5, "acks after restart")
     b.close()
+    # The server drops a closed connection's pull requests a moment after the close;
+    # a message published before that is delivered to the dead request (and the next
+    # reader, finding it unacked, rightly recreates the durable). Wait for the server.
+    wait_for(lambda: js.consumer(stream, src.durable).num_waiting == 0, 5, "b's pulls to end")
     # A clean stop keeps the durable as it is, and the next reader continues after it.
     c = src.build({part: seqs[-1] + 1})
     readers.append(c)
