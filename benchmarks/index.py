@@ -151,7 +151,7 @@ def compare(
     batches = [queries[i : i + 32] for i in range(0, queries.shape[0] - 31, 32)]
 
     def ours(q: np.ndarray) -> list[list[int]]:
-        return [[h.chunk_id for h in hits] for hits in index.search_many(q, K, flt)[1]]
+        return [hits.chunk_ids.tolist() for hits in index.search_many(q, K, flt)[1]]
 
     def theirs(q: np.ndarray) -> Any:
         return raw.search(np.ascontiguousarray(q, dtype=np.float32), K)[1]
@@ -311,7 +311,8 @@ def half_case(n: int, rounds: int) -> dict[str, Any]:
     flt = SearchFilter()
 
     def ours(q: np.ndarray) -> list[int]:
-        return [h.chunk_id for h in index.search_many(q, K, flt)[1][0]]
+        ids: list[int] = index.search_many(q, K, flt)[1][0].chunk_ids.tolist()
+        return ids
 
     best: dict[str, dict[str, float]] = {}
     found: dict[str, list[Any]] = {}

@@ -15,11 +15,14 @@ through its half-precision copy (:mod:`streamrag.index.half`).
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
 from streamrag.changes import Op
-from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index import Hits, LsmIndex, LsmSpec, SearchFilter
 from streamrag.index.ann import AnnSpec
 from streamrag.index.base import CommitBatch, DocOp
 from streamrag.index.compaction import CompactionSpec
@@ -167,10 +170,46 @@ def test_scan_matches_brute_force(world: _World, name: str, m: int, k: int) -> N
     assert len(hits) == m
     for q, got in zip(queries, hits, strict=True):
         want = world.brute(q, k, flt)
+        # The columns first (read without building hits), then the hits themselves.
+        assert len(got) == len(want)
+        assert got.chunk_ids.tolist() == want
+        column_scores = got.scores.tolist()
         assert [h.chunk_id for h in got] == want
+        assert [h.score for h in got] == column_scores
         scores = [h.score for h in got]
         assert scores == sorted(scores, reverse=True)
         assert all(h.tenant == flt.tenant for h in got)
+
+
+def test_hits_are_built_on_demand_and_travel_as_lists(world: _World) -> None:
+    """Columns build no struct; pickles and copies are plain lists, equal to the hits."""
+    rng = np.random.default_rng(8)
+    queries = np.stack([_vec(rng) for _ in range(3)])
+    _, hits = world.index.search_many(queries, 6, SearchFilter())
+    table = hits[0]._table
+    assert table is not None
+    assert all(h._table is table for h in hits), "one table per search"
+    ids = [h.chunk_ids.tolist() for h in hits]
+    assert table._built is None, "reading chunk ids built hit structs"
+    first = hits[1][0]
+    assert table._built is not None
+    assert first.chunk_id == ids[1][0]
+    assert hits[1][-1].chunk_id == ids[1][-1]
+    assert hits[1][:2] == list(hits[1])[:2]
+    for got in hits:
+        back = pickle.loads(pickle.dumps(got))
+        assert type(back) is list
+        assert back == got
+        assert got == back
+        assert copy.deepcopy(got) == list(got)
+        assert type(copy.copy(got)) is list
+    assert hits[0] != hits[1]
+    assert hits[0] == Hits.of(list(hits[0]))
+    built = Hits.of(list(hits[2]))
+    assert built.chunk_ids.tolist() == ids[2]
+    assert built.scores.tolist() == hits[2].scores.tolist()
+    with pytest.raises(TypeError):
+        hash(hits[0])
 
 
 def test_batched_equals_one_at_a_time(world: _World) -> None:

@@ -32,6 +32,7 @@ from streamrag.index.base import (
     VectorIndex,
 )
 from streamrag.index.exact import ExactIndex, Snapshot
+from streamrag.index.hits import Hits
 from streamrag.index.lsm import IndexHealth, LsmIndex, LsmSpec
 from streamrag.index.manifest import Manifest
 
@@ -43,6 +44,7 @@ __all__ = [
     "DocState",
     "ExactIndex",
     "Hit",
+    "Hits",
     "IndexHealth",
     "IndexStats",
     "LsmIndex",

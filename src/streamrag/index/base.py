@@ -41,6 +41,7 @@ from streamrag.errors import IndexStoreError, QueryError
 from streamrag.timing import Timestamp, format_timestamp
 
 if TYPE_CHECKING:
+    from streamrag.index.hits import Hits
     from streamrag.index.lsm_reads import IndexHealth
 
 __all__ = [
@@ -316,8 +317,12 @@ class VectorIndex(Protocol):
 
     def search_many(
         self, queries: npt.NDArray[np.float32], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
-        """Top-``k`` hits per query row from one pinned epoch; returns (epoch, hits)."""
+    ) -> tuple[int, list[Hits]]:
+        """Top-``k`` hits per query row from one pinned epoch; returns (epoch, hits).
+
+        Each query's hits are a :class:`~streamrag.index.hits.Hits`: a sequence of
+        :class:`Hit`, whose chunk ids and scores can be read without building them.
+        """
         ...
 
     def stats(self) -> IndexStats:

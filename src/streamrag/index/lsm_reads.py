@@ -20,6 +20,7 @@ import numpy.typing as npt
 from streamrag.errors import IndexStoreError
 from streamrag.index.ann import choose_ann
 from streamrag.index.base import DocState, Hit, IndexStats, SearchFilter, check_queries
+from streamrag.index.hits import Hits
 from streamrag.index.lsm_state import LsmState
 from streamrag.index.manifest import Manifest
 from streamrag.index.search import search_segments
@@ -124,7 +125,7 @@ class LsmReads(LsmState):
         k: int,
         flt: SearchFilter,
         manifest: Manifest | None = None,
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """Top-``k`` chunks per query from one pinned manifest; returns (epoch read, hits)."""
         man = manifest or self._manifest
         q = check_queries(queries, self._dim, k)

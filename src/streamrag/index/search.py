@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.index.ann import all_found
-from streamrag.index.base import Hit
+from streamrag.index.hits import Hits, HitTable
 from streamrag.index.segment import NEVER, ReadSpec, Segment
 
 __all__ = ["SearchTuning", "search_segments"]
@@ -80,8 +80,8 @@ def search_segments(
     spec: ReadSpec,
     latest_epoch: int,
     tuning: SearchTuning,
-) -> list[list[Hit]]:
-    """Top-``k`` hits per query over the pinned views."""
+) -> list[Hits]:
+    """Top-``k`` hits per query over the pinned views, as columns (:mod:`.hits`)."""
     m = queries.shape[0]
     parts: list[_Found] = []
     scan = _Scan()
@@ -95,14 +95,14 @@ def search_segments(
     if scan.parts:
         parts.append(scan.top(queries, k))
     if not parts:
-        return [[] for _ in range(m)]
+        return [Hits.of([]) for _ in range(m)]
     if len(parts) == 1 and parts[0].ordered:
         # One list whose candidates came back best first: nothing to merge.
         only = parts[0]
         if only.which is None:
-            return _materialize([only.segment], None, only.rows, only.scores)
+            return HitTable([only.segment], None, only.rows, only.scores).split()
         segs, which = only.sources()
-        return _materialize(segs, which, only.rows, only.scores)
+        return HitTable(segs, which, only.rows, only.scores).split()
     segs = []
     whiches: list[I64] = []
     for f in parts:
@@ -119,79 +119,12 @@ def search_segments(
         local = np.take_along_axis(local, top, axis=1)
         which = np.take_along_axis(which, top, axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")
-    return _materialize(
+    return HitTable(
         segs,
         np.take_along_axis(which, order, axis=1),
         np.take_along_axis(local, order, axis=1),
         np.take_along_axis(scores, order, axis=1),
-    )
-
-
-def _materialize(segs: list[Segment], which: I64 | None, rows: I64, scores: F32) -> list[list[Hit]]:
-    """Hits from (queries × k) segment numbers, rows and scores, best first; -inf = none.
-
-    ``which`` None: every candidate is from the one segment in ``segs``.
-
-    Number columns are gathered with one fancy index per segment and column, not
-    one numpy scalar per hit: building hits would otherwise cost more than the
-    graph search.
-    """
-    m, kk = rows.shape
-    flat_rows = rows.ravel()
-    one = segs[0]
-    which_l = None if which is None or len(segs) == 1 else which.ravel().tolist()
-    chunk_ids, positions, times, offsets, epochs = _numbers(segs, which_l, flat_rows)
-    rows_l = flat_rows.tolist()
-    scores_l = scores.ravel().tolist()
-    ninf = -math.inf
-    out: list[list[Hit]] = []
-    for i in range(m):
-        hits = []
-        for j in range(i * kk, (i + 1) * kk):
-            score = scores_l[j]
-            if score == ninf:
-                continue
-            seg = one if which_l is None else segs[which_l[j]]
-            r = rows_l[j]
-            hits.append(
-                Hit(
-                    score,
-                    chunk_ids[j],
-                    seg.tenants[r],
-                    seg.doc_ids[r],
-                    seg.domains[r],
-                    positions[j],
-                    seg.texts[r],
-                    times[j],
-                    seg.sources[r],
-                    offsets[j],
-                    epochs[j],
-                    seg.embedders[r],
-                    seg.metadata[r],
-                )
-            )
-        out.append(hits)
-    return out
-
-
-def _numbers(segs: list[Segment], which: list[int] | None, rows: I64) -> list[list[int]]:
-    """The number columns of the hits (chunk id, position, event time, offset, epoch)."""
-    if which is None:
-        one = segs[0]
-        cols = (one.chunk_ids, one.positions, one.valid_from, one.offsets, one.committed)
-        return [c[rows].tolist() for c in cols]
-    flat_which = np.asarray(which, dtype=np.int64)
-    out = np.empty((5, rows.size), dtype=np.int64)
-    for g, seg in enumerate(segs):
-        sel = flat_which == g
-        picked = rows[sel]
-        out[0, sel] = seg.chunk_ids[picked]
-        out[1, sel] = seg.positions[picked]
-        out[2, sel] = seg.valid_from[picked]
-        out[3, sel] = seg.offsets[picked]
-        out[4, sel] = seg.committed[picked]
-    numbers: list[list[int]] = out.tolist()
-    return numbers
+    ).split()
 
 
 @dataclass(slots=True)

@@ -56,11 +56,11 @@ from streamrag.errors import CorruptStateError, StateError
 from streamrag.index.base import (
     CommitBatch,
     DocOp,
-    Hit,
     SearchFilter,
     VectorIndex,
     merge_cursor,
 )
+from streamrag.index.hits import Hits
 from streamrag.index.store import write_atomic
 
 __all__ = ["BOOK_NAME", "Book", "Entry", "Generation", "Mirror", "index_home"]
@@ -207,7 +207,7 @@ class Generation:
 
     def search_many(
         self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """The top ``k`` of each query vector in one pinned epoch of this generation."""
         return self.index.search_many(vectors, k, flt)
 

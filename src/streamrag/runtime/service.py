@@ -26,13 +26,13 @@ from streamrag.embed.choice import EmbedderChoice
 from streamrag.errors import ConfigError, IndexStoreError, OverloadedError, StateError
 from streamrag.index.base import (
     Closeable,
-    Hit,
     SearchFilter,
     SupportsHealth,
     SupportsRollback,
     VectorIndex,
 )
 from streamrag.index.factory import build_index
+from streamrag.index.hits import Hits
 from streamrag.ingest import Decoder
 from streamrag.runtime.build import (
     build_choice,
@@ -390,14 +390,14 @@ class Service:
 
     def retrieve_many(
         self, queries: Sequence[str], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """Embed queries in one call and search one pinned epoch for all of them."""
         epoch, hits, _ = self.retrieve_many_with_vectors(queries, k, flt)
         return epoch, hits
 
     def retrieve_many_with_vectors(
         self, queries: Sequence[str], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]], npt.NDArray[np.float32]]:
+    ) -> tuple[int, list[Hits], npt.NDArray[np.float32]]:
         """:meth:`retrieve_many`, also returning the query vectors (one unit row per query)."""
         started = time.perf_counter()
         gen = self.pin()
@@ -408,7 +408,7 @@ class Service:
 
     def search_many(
         self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """The top ``k`` of each query vector in one pinned epoch of the serving index."""
         return self.serving.search_many(vectors, k, flt)
 

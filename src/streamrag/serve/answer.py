@@ -223,7 +223,7 @@ class Answerer:
 
     # -- steps -----------------------------------------------------------------------
 
-    def _assemble(self, q: Question, hits: list[Hit], rid: str) -> tuple[Screening, Context]:
+    def _assemble(self, q: Question, hits: Sequence[Hit], rid: str) -> tuple[Screening, Context]:
         """Rerank, merge, screen and select (in a worker thread: it may count tokens remotely)."""
         if self.reranker is not None:
             hits = self.reranker.rerank(q.text, list(hits))

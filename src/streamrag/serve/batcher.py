@@ -35,7 +35,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.index.base import Hit, SearchFilter
+from streamrag.index.base import SearchFilter
+from streamrag.index.hits import Hits
 
 __all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
 
@@ -51,7 +52,7 @@ class Reader(Protocol):
 
     def search_many(
         self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """The top ``k`` of each query vector in one pinned epoch: ``(epoch, hits)``."""
         ...
 
@@ -75,7 +76,7 @@ class Retrieval(Protocol):
 
     def search_many(
         self, vectors: npt.NDArray[np.float32], k: int, flt: SearchFilter
-    ) -> tuple[int, list[list[Hit]]]:
+    ) -> tuple[int, list[Hits]]:
         """The top ``k`` of each query vector in one pinned epoch: ``(epoch, hits)``."""
         ...
 
@@ -85,7 +86,7 @@ class Retrieval(Protocol):
 
 
 _HOLD_POLL_S = 0.001
-Retrieved = tuple[int, list[Hit], npt.NDArray[np.float32], int]
+Retrieved = tuple[int, Hits, npt.NDArray[np.float32], int]
 """One query's answer: the epoch read, its hits, the query's unit vector, the generation."""
 
 
@@ -124,14 +125,14 @@ class QueryBatcher:
         for thread in self._threads:
             thread.start()
 
-    async def retrieve(self, query: str, k: int, flt: SearchFilter) -> tuple[int, list[Hit]]:
+    async def retrieve(self, query: str, k: int, flt: SearchFilter) -> tuple[int, Hits]:
         """Top-``k`` hits for one query, answered as part of a batch."""
         epoch, hits, _, _ = await self.retrieve_read(query, k, flt)
         return epoch, hits
 
     async def retrieve_with_vector(
         self, query: str, k: int, flt: SearchFilter
-    ) -> tuple[int, list[Hit], npt.NDArray[np.float32]]:
+    ) -> tuple[int, Hits, npt.NDArray[np.float32]]:
         """:meth:`retrieve`, also returning the query's vector (for the semantic cache)."""
         epoch, hits, vector, _ = await self.retrieve_read(query, k, flt)
         return epoch, hits, vector

@@ -1,0 +1,229 @@
+"""One query's results as columns: :class:`Hits`, a sequence of :class:`Hit` built on demand.
+
+A search finds, per query, up to ``k`` rows of the segments it read and their
+scores. Turning those into ``Hit`` structs means reading a dozen columns at
+scattered rows — in a lone ANN query that cost about as much again as a
+quarter of the graph search (measured in ``docs/performance.md``). Most callers
+want all of it (the HTTP answer, the context of a generated answer), but some
+want only the chunk ids and scores (a benchmark's recall, an evaluation, a
+caller that joins the ids with its own store).
+
+So a search returns :class:`Hits`: a read-only ``Sequence[Hit]`` over the rows
+found. :attr:`Hits.chunk_ids` and :attr:`Hits.scores` are read from the columns
+without building any struct; the first access to a hit builds the hits of
+every query of the search at once (one gather per column and segment, as
+before). The rows it refers to are never rewritten — segments are appended to,
+and what a later epoch changes is written as new rows and new stamps — so
+building hits later shows exactly what the search read.
+
+A ``Hits`` pickles, copies and compares as a plain list of ``Hit``: sending one
+to another process never drags the segments along.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from streamrag.index.base import Hit
+
+if TYPE_CHECKING:
+    from streamrag.index.segment import Segment
+
+__all__ = ["HitTable", "Hits"]
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+class HitTable:
+    """The rows a search found: ``(queries × k)`` segment numbers, rows and scores.
+
+    Every row of the table is best first, ``-inf`` scores (no hit) last.
+    ``which`` None: every candidate is from the one segment in ``segments``.
+    """
+
+    __slots__ = ("_built", "rows", "scores", "segments", "which")
+
+    def __init__(self, segments: list[Segment], which: I64 | None, rows: I64, scores: F32) -> None:
+        self.segments = segments
+        self.which = None if which is None or len(segments) == 1 else which
+        self.rows = rows
+        self.scores = scores
+        self._built: list[list[Hit]] | None = None
+
+    def split(self) -> list[Hits]:
+        """One :class:`Hits` per query."""
+        return [Hits(self, i) for i in range(self.rows.shape[0])]
+
+    def count(self, i: int) -> int:
+        """How many hits query ``i`` has (its scores above ``-inf``)."""
+        row = self.scores[i]
+        if row.shape[0] == 0 or row.item(row.shape[0] - 1) != -math.inf:
+            return int(row.shape[0])
+        return int(np.count_nonzero(row != -np.inf))
+
+    def column(self, name: str, i: int, n: int) -> npt.NDArray[Any]:
+        """Query ``i``'s first ``n`` values of one of the segments' number columns."""
+        rows = self.rows[i, :n]
+        if self.which is None:
+            out: npt.NDArray[Any] = getattr(self.segments[0], name)[rows]
+            return out
+        which = self.which[i, :n]
+        first = getattr(self.segments[0], name)
+        out = np.empty(n, dtype=first.dtype)
+        for g, seg in enumerate(self.segments):
+            sel = which == g
+            out[sel] = getattr(seg, name)[rows[sel]]
+        return out
+
+    def built(self) -> list[list[Hit]]:
+        """Every query's hits as structs (built once, on first use)."""
+        if self._built is None:
+            self._built = _build(self.segments, self.which, self.rows, self.scores)
+        return self._built
+
+
+class Hits(Sequence[Hit]):
+    """One query's hits, best first: a read-only sequence of :class:`Hit`.
+
+    Either a row of a :class:`HitTable` (what the LSM index returns) or a list
+    of hits (:meth:`of`). Compares equal to any sequence of the same hits.
+    """
+
+    __slots__ = ("_i", "_list", "_n", "_table")
+
+    def __init__(self, table: HitTable | None, i: int = 0, hits: list[Hit] | None = None) -> None:
+        self._table = table
+        self._i = i
+        self._list = hits
+        self._n = -1 if hits is None else len(hits)
+
+    @classmethod
+    def of(cls, hits: Sequence[Hit]) -> Hits:
+        """Hits already built (an index that makes structs directly, a reranker's order)."""
+        return hits if isinstance(hits, Hits) else cls(None, hits=list(hits))
+
+    def __len__(self) -> int:
+        if self._n < 0:
+            assert self._table is not None
+            self._n = self._table.count(self._i)
+        return self._n
+
+    @property
+    def _hits(self) -> list[Hit]:
+        if self._list is None:
+            assert self._table is not None
+            self._list = self._table.built()[self._i]
+        return self._list
+
+    @overload
+    def __getitem__(self, index: int) -> Hit: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Hit]: ...
+
+    def __getitem__(self, index: int | slice) -> Hit | list[Hit]:
+        return self._hits[index]
+
+    def __iter__(self) -> Iterator[Hit]:
+        return iter(self._hits)
+
+    @property
+    def chunk_ids(self) -> I64:
+        """The hits' chunk ids, best first, read from the columns (no structs built)."""
+        if self._list is not None or self._table is None:
+            return np.fromiter((h.chunk_id for h in self._hits), dtype=np.int64)
+        return self._table.column("chunk_ids", self._i, len(self))
+
+    @property
+    def scores(self) -> F32:
+        """The hits' scores, best first (no structs built)."""
+        if self._list is not None or self._table is None:
+            return np.fromiter((h.score for h in self._hits), dtype=np.float32)
+        view = self._table.scores[self._i, : len(self)]
+        view.flags.writeable = False  # a view of the search's table: read, never written
+        return view
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return self._hits == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # like a list: equal by content, so unhashable
+
+    def __repr__(self) -> str:
+        return f"Hits({self._hits!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled, copied and deep-copied as a plain list: the segments stay here.
+        return (list, (self._hits,))
+
+
+def _build(segs: list[Segment], which: I64 | None, rows: I64, scores: F32) -> list[list[Hit]]:
+    """Hits from (queries × k) segment numbers, rows and scores, best first; -inf = none.
+
+    Number columns are gathered with one fancy index per segment and column, not
+    one numpy scalar per hit: building hits would otherwise cost more than the
+    graph search.
+    """
+    m, kk = rows.shape
+    flat_rows = rows.ravel()
+    one = segs[0]
+    which_l = None if which is None else which.ravel().tolist()
+    chunk_ids, positions, times, offsets, epochs = _numbers(segs, which_l, flat_rows)
+    rows_l = flat_rows.tolist()
+    scores_l = scores.ravel().tolist()
+    ninf = -math.inf
+    out: list[list[Hit]] = []
+    for i in range(m):
+        hits = []
+        for j in range(i * kk, (i + 1) * kk):
+            score = scores_l[j]
+            if score == ninf:
+                continue
+            seg = one if which_l is None else segs[which_l[j]]
+            r = rows_l[j]
+            hits.append(
+                Hit(
+                    score,
+                    chunk_ids[j],
+                    seg.tenants[r],
+                    seg.doc_ids[r],
+                    seg.domains[r],
+                    positions[j],
+                    seg.texts[r],
+                    times[j],
+                    seg.sources[r],
+                    offsets[j],
+                    epochs[j],
+                    seg.embedders[r],
+                    seg.metadata[r],
+                )
+            )
+        out.append(hits)
+    return out
+
+
+def _numbers(segs: list[Segment], which: list[int] | None, rows: I64) -> list[list[int]]:
+    """The number columns of the hits (chunk id, position, event time, offset, epoch)."""
+    if which is None:
+        one = segs[0]
+        cols = (one.chunk_ids, one.positions, one.valid_from, one.offsets, one.committed)
+        return [c[rows].tolist() for c in cols]
+    flat_which = np.asarray(which, dtype=np.int64)
+    out = np.empty((5, rows.size), dtype=np.int64)
+    for g, seg in enumerate(segs):
+        sel = flat_which == g
+        picked = rows[sel]
+        out[0, sel] = seg.chunk_ids[picked]
+        out[1, sel] = seg.positions[picked]
+        out[2, sel] = seg.valid_from[picked]
+        out[3, sel] = seg.offsets[picked]
+        out[4, sel] = seg.committed[picked]
+    numbers: list[list[int]] = out.tolist()
+    return numbers
