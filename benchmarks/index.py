@@ -150,8 +150,8 @@ def compare(
     singles = [queries[i : i + 1] for i in range(queries.shape[0])]
     batches = [queries[i : i + 32] for i in range(0, queries.shape[0] - 31, 32)]
 
-    def ours(q: np.ndarray) -> list[list[int]]:
-        return [hits.chunk_ids.tolist() for hits in index.search_many(q, K, flt)[1]]
+    def ours(q: np.ndarray) -> list[np.ndarray]:
+        return [hits.chunk_ids for hits in index.search_many(q, K, flt)[1]]
 
     def theirs(q: np.ndarray) -> Any:
         return raw.search(np.ascontiguousarray(q, dtype=np.float32), K)[1]
@@ -162,8 +162,11 @@ def compare(
         for _ in range(rounds):
             for name, fn in (("raw", theirs), ("streamrag", ours)):
                 lat, res = timed(fn, items)
+                # Both return arrays per call; they become lists of chunk ids after timing.
                 if name == "raw":
                     res = [chunk_ids[labels.astype(np.int64)].tolist() for labels in res]
+                else:
+                    res = [[ids.tolist() for ids in per_query] for per_query in res]
                 s = summary(lat, per)
                 s["recall"] = recall([r for rr in res for r in rr], truth[: len(items) * per])
                 if name not in best or s["qps"] > best[name]["qps"]:

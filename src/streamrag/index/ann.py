@@ -334,7 +334,7 @@ class HnswAnn:
         m = queries.shape[0]
         if k <= 0 or m == 0:
             return np.full((m, max(k, 0)), -1, dtype=np.int64), np.zeros((m, max(k, 0)), np.float32)
-        scores, labels = self.index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        scores, labels = self.index.search(queries, k)  # FAISS makes it contiguous float32
         if not all_found(labels):
             scores = np.where(labels >= 0, scores, np.float32(-np.inf))
         return labels, scores

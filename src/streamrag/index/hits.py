@@ -58,7 +58,8 @@ class HitTable:
 
     def split(self) -> list[Hits]:
         """One :class:`Hits` per query."""
-        return [Hits(self, i) for i in range(self.rows.shape[0])]
+        m = self.rows.shape[0]
+        return [Hits(self, 0)] if m == 1 else [Hits(self, i) for i in range(m)]
 
     def count(self, i: int) -> int:
         """How many hits query ``i`` has (its scores above ``-inf``)."""

@@ -52,6 +52,19 @@ class Manifest:
 
     def read_spec(self, flt: SearchFilter) -> ReadSpec:
         """Check the version a filter asks for against this manifest and compile it."""
+        if flt.epoch is None and flt.as_of_us is None:
+            # The common read: the latest epoch as it is now. It is always readable
+            # (the epoch floor never passes it, and a rollback publishes a new epoch).
+            return ReadSpec(
+                self.epoch,
+                NEVER,
+                flt.tenant,
+                flt.domains,
+                flt.doc_ids,
+                flt.start_us,
+                flt.end_us,
+                flt.metadata,
+            )
         epoch = self.epoch if flt.epoch is None else flt.epoch
         if epoch > self.epoch:
             msg = (

@@ -85,11 +85,15 @@ def search_segments(
     m = queries.shape[0]
     parts: list[_Found] = []
     scan = _Scan()
+    # The latest epoch as it is now, no filter beyond the tenant: a segment's
+    # visible rows then follow from its counts, without a mask.
+    plain = not spec.narrows and spec.as_of == NEVER
+    latest = plain and spec.epoch == latest_epoch
     for view in views:
         seg, n = view.segment, view.rows
         if n == 0 or _pruned(seg, spec):
             continue
-        found = _search_one(seg, n, queries, k, spec, latest_epoch, tuning, scan)
+        found = _search_one(seg, n, queries, k, spec, plain, latest, tuning, scan)
         if found is not None:
             parts.append(found)
     if scan.parts:
@@ -275,18 +279,20 @@ def _search_one(
     q: F32,
     k: int,
     spec: ReadSpec,
-    latest_epoch: int,
+    plain: bool,
+    latest: bool,
     tuning: SearchTuning,
     scan: _Scan,
 ) -> _Found | None:
     """Search one segment: exactly (added to ``scan``; None) or through a structure.
 
     The structure is the segment's half-precision copy or its ANN; what it
-    found is returned.
+    found is returned. ``plain``: no filter beyond the tenant, no ``as_of``;
+    ``latest``: that, at the latest epoch.
     """
     ann = seg.ann if seg.sealed else None
     if ann is None or ann.rows != n:
-        if _all_visible(seg, spec):
+        if plain and _all_visible(seg, spec):
             exact_mask = None
         else:
             exact_mask = seg.mask(n, spec)
@@ -296,14 +302,8 @@ def _search_one(
         if found is None:
             scan.add(seg, n, exact_mask)
         return found
-    simple = (
-        not spec.narrows
-        and spec.as_of == NEVER
-        and spec.epoch == latest_epoch
-        and len(seg.tenant_codes.names) == 1
-    )
     mask = None
-    if simple:
+    if latest and len(seg.tenant_codes.names) == 1:
         share = (n - seg.stamped) / n
         matching = n - seg.stamped
     else:
@@ -353,15 +353,13 @@ def _half(
 
 
 def _all_visible(seg: Segment, spec: ReadSpec) -> bool:
-    """True when every row of the segment passes the filter, judged from its bounds.
+    """True when every row of a plain read's segment passes the filter, judged from its bounds.
 
     The common read (the latest epoch, no narrowing filter, a one-tenant
     segment with nothing superseded) needs no mask at all.
     """
     return (
-        not spec.narrows
-        and spec.as_of == NEVER
-        and seg.stamped == 0
+        seg.stamped == 0
         and seg.max_created <= spec.epoch
         and len(seg.tenant_codes.names) == 1
         and spec.tenant in seg.tenant_codes.codes
