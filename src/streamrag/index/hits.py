@@ -47,7 +47,7 @@ class HitTable:
     ``which`` None: every candidate is from the one segment in ``segments``.
     """
 
-    __slots__ = ("_built", "rows", "scores", "segments", "which")
+    __slots__ = ("_built", "_columns", "rows", "scores", "segments", "which")
 
     def __init__(self, segments: list[Segment], which: I64 | None, rows: I64, scores: F32) -> None:
         self.segments = segments
@@ -55,6 +55,7 @@ class HitTable:
         self.rows = rows
         self.scores = scores
         self._built: list[list[Hit]] | None = None
+        self._columns: dict[str, npt.NDArray[Any]] = {}
 
     def split(self) -> list[Hits]:
         """One :class:`Hits` per query."""
@@ -69,18 +70,23 @@ class HitTable:
         return int(np.count_nonzero(row != -np.inf))
 
     def column(self, name: str, i: int, n: int) -> npt.NDArray[Any]:
-        """Query ``i``'s first ``n`` values of one of the segments' number columns."""
-        rows = self.rows[i, :n]
-        if self.which is None:
-            out: npt.NDArray[Any] = getattr(self.segments[0], name)[rows]
-            return out
-        which = self.which[i, :n]
-        first = getattr(self.segments[0], name)
-        out = np.empty(n, dtype=first.dtype)
-        for g, seg in enumerate(self.segments):
-            sel = which == g
-            out[sel] = getattr(seg, name)[rows[sel]]
-        return out
+        """Query ``i``'s first ``n`` values of one of the segments' number columns.
+
+        The column is gathered for every query of the table at once (one fancy
+        index per segment), on first use: a batch pays one gather, not one per query.
+        Entries past a query's hits are whatever row they name; they are never shown.
+        """
+        table = self._columns.get(name)
+        if table is None:
+            if self.which is None:
+                table = getattr(self.segments[0], name)[self.rows]
+            else:
+                table = np.empty(self.rows.shape, dtype=getattr(self.segments[0], name).dtype)
+                for g, seg in enumerate(self.segments):
+                    sel = self.which == g
+                    table[sel] = getattr(seg, name)[self.rows[sel]]
+            self._columns[name] = table
+        return table[i, :n]
 
     def built(self) -> list[list[Hit]]:
         """Every query's hits as structs (built once, on first use)."""
@@ -136,7 +142,10 @@ class Hits(Sequence[Hit]):
 
     @property
     def chunk_ids(self) -> I64:
-        """The hits' chunk ids, best first, read from the columns (no structs built)."""
+        """The hits' chunk ids, best first, read from the columns (no structs built).
+
+        Like :attr:`scores`, a view of the search's own arrays: copy it before writing to it.
+        """
         if self._list is not None or self._table is None:
             return np.fromiter((h.chunk_id for h in self._hits), dtype=np.int64)
         return self._table.column("chunk_ids", self._i, len(self))
@@ -146,9 +155,7 @@ class Hits(Sequence[Hit]):
         """The hits' scores, best first (no structs built)."""
         if self._list is not None or self._table is None:
             return np.fromiter((h.score for h in self._hits), dtype=np.float32)
-        view = self._table.scores[self._i, : len(self)]
-        view.flags.writeable = False  # a view of the search's table: read, never written
-        return view
+        return self._table.scores[self._i, : len(self)]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence) and not isinstance(other, str | bytes):
