@@ -65,6 +65,10 @@ class Manifest:
                 flt.end_us,
                 flt.metadata,
             )
+        return self._earlier_spec(flt)
+
+    def _earlier_spec(self, flt: SearchFilter) -> ReadSpec:
+        """:meth:`read_spec` for an exact ``epoch`` or an ``as_of``: checked against history."""
         epoch = self.epoch if flt.epoch is None else flt.epoch
         if epoch > self.epoch:
             msg = (
