@@ -116,6 +116,12 @@ class HalfScan:
         # selector row by row, outside its fast loop (+40 % here).
         want = min(self.rows, k + _MARGIN)
         approx, labels = self._index.search(q, want)
+        if m == 1:
+            one = _one_query(
+                vectors, q, approx, labels, mask, k, kk, float(eps[0]), want >= self.rows
+            )
+            if one is not None:
+                return one
         valid = labels >= 0
         if mask is not None:
             valid &= mask[np.where(valid, labels, 0)]
@@ -141,6 +147,45 @@ class HalfScan:
             rows = np.hstack([rows, np.zeros((m, pad), dtype=np.int64)])
             scores = np.hstack([scores, np.full((m, pad), -np.inf, dtype=np.float32)])
         return rows.astype(np.int64, copy=False), scores
+
+
+def _one_query(
+    vectors: F32,
+    q: F32,
+    approx: F32,
+    labels: I64,
+    mask: npt.NDArray[np.bool_] | None,
+    k: int,
+    kk: int,
+    eps: float,
+    complete: bool,
+) -> tuple[I64, F32] | None:
+    """One query's proof and float32 re-score in a handful of array operations.
+
+    The same answer as the general path (:func:`_proven`, then the re-score of
+    every query's list), which takes some twenty numpy calls. Right after the
+    scan each call runs with cold caches at four to five times its warm cost
+    (``docs/performance.md``), so a lone query — the common call — takes the
+    short way. None: not proven from this list (the general path decides).
+    """
+    lab = labels[0]
+    keep = lab >= 0  # FAISS puts missing candidates last, as -1
+    if mask is not None:
+        keep &= mask[lab]  # a -1 reads the last row's bit; ``keep`` is False there already
+    idx = np.flatnonzero(keep)
+    if idx.size < kk:
+        return None
+    app = approx[0]
+    if not complete and float(app[-1]) >= float(app[idx[kk - 1]]) - 2 * eps:
+        return None
+    cand = lab[idx]
+    exact = vectors[cand] @ q[0]
+    order = np.argsort(-exact, kind="stable")[:kk]
+    rows = np.zeros((1, k), dtype=np.int64)
+    scores = np.full((1, k), -np.inf, dtype=np.float32)
+    rows[0, :kk] = cand[order]
+    scores[0, :kk] = exact[order]
+    return rows, scores
 
 
 def _proven(
