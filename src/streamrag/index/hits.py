@@ -17,7 +17,9 @@ and what a later epoch changes is written as new rows and new stamps — so
 building hits later shows exactly what the search read.
 
 A ``Hits`` pickles, copies and compares as a plain list of ``Hit``: sending one
-to another process never drags the segments along.
+to another process never drags the segments along. While held, it keeps the
+segments it read in memory (after a compaction too): to keep results for
+long, keep ``list(hits)``.
 """
 
 from __future__ import annotations
