@@ -80,6 +80,11 @@ def test_ann_recall_against_exact(ann: AnnSpec, floor: float) -> None:
     ):
         _, want = exact.search_many(queries, 10, flt)
         _, got = approx.search_many(queries, 10, flt)
+        # Columns first (no structs built yet), then the structs must agree with them.
+        ids = [g.chunk_ids.tolist() for g in got]
+        scores = [g.scores.tolist() for g in got]
+        assert ids == [[h.chunk_id for h in g] for g in got]
+        assert scores == [[h.score for h in g] for g in got]
         hits = sum(
             len({h.chunk_id for h in g} & {h.chunk_id for h in w})
             for g, w in zip(got, want, strict=True)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from streamrag.changes import Op
-from streamrag.index import LsmIndex, LsmSpec, SearchFilter
+from streamrag.index import Hits, LsmIndex, LsmSpec, SearchFilter
 from streamrag.index.ann import AnnSpec
 from streamrag.index.compaction import CompactionSpec
 
@@ -31,7 +31,8 @@ def test_every_result_is_that_of_one_committed_epoch() -> None:
     queries = np.stack([unit(10_000 + i, DIM) for i in range(4)])
     flt = SearchFilter()
     expected: dict[int, list[list[tuple]]] = {0: [[] for _ in queries]}  # type: ignore[type-arg]
-    seen: list[list[tuple[int, list[list[tuple]]]]] = [[] for _ in range(READERS)]  # type: ignore[type-arg]
+    seen: list[list[tuple[int, list[Hits]]]] = [[] for _ in range(READERS)]
+    lazy: list[tuple[list[Hits], list[list[int]]]] = []
     start = threading.Barrier(READERS + 1)
     done = threading.Event()
 
@@ -41,7 +42,10 @@ def test_every_result_is_that_of_one_committed_epoch() -> None:
         start.wait()
         while not done.is_set():
             epoch, hits = index.search_many(batch, 5, flt)
-            seen[slot].append((epoch, [as_keys(h) for h in hits]))
+            # The chunk ids now, from the columns; the hits themselves only after every
+            # later commit and merge (they are built on first read, from rows never rewritten).
+            lazy.append((hits, [h.chunk_ids.tolist() for h in hits]))
+            seen[slot].append((epoch, hits))
 
     threads = [threading.Thread(target=reader, args=(i,)) for i in range(READERS)]
     for t in threads:
@@ -72,9 +76,12 @@ def test_every_result_is_that_of_one_committed_epoch() -> None:
         for t in threads:
             t.join()
         index.close()
+    for hits, ids in lazy:
+        assert [[h.chunk_id for h in q] for q in hits] == ids
     checked = 0
     for results in seen:
-        for epoch, hits in results:
+        for epoch, lazy_hits in results:
+            hits = [as_keys(h) for h in lazy_hits]
             want = expected[epoch]
             for got_q, want_q in zip(hits, want[: len(hits)], strict=True):
                 assert [g[:4] for g in got_q] == [w[:4] for w in want_q], epoch

@@ -124,6 +124,50 @@ def test_duplicates_are_declined() -> None:
     assert half.search(rows, rows[:1] + 0.0, 5, None, 500) is None
 
 
+def _cases() -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray | None, int]]:
+    """Rows, one query, a mask and k: friendly and hostile alike."""
+    rng = np.random.default_rng(21)
+    rand = _unit(rng.standard_normal((3000, DIM)))
+    near_rows, near_q = _cluster(seed=9)
+    dup = _unit(rng.standard_normal((500, DIM)))
+    dup[100:200] = dup[0]
+    hide = np.ones(2000, dtype=bool)
+    best = rand[:2000] @ rand[0]
+    hide[np.argsort(-best)[:60]] = False  # the best 60 rows hidden from the query
+    few = np.zeros(100, dtype=bool)
+    few[[3, 50, 77]] = True
+    return [
+        ("random", rand, rand[7:8] * 0.9 + rand[8:9] * 0.1, None, 5),
+        ("random, masked", rand, rand[9:10], rng.random(3000) < 0.7, 10),
+        ("near ties", near_rows, near_q, None, 5),
+        ("near ties, masked", near_rows, near_q, np.arange(500) % 3 != 0, 5),
+        ("duplicates", dup, dup[:1] + 0.0, None, 5),
+        ("best rows hidden", rand[:2000], rand[:1], hide, 5),
+        ("fewer matching than k", rand[:100], rand[:1], few, 5),
+        ("every row wanted", rand[:20], rand[:1], None, 20),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_one_query_answers_as_the_batched_path_does(case: int) -> None:
+    """A lone query's short way (``_one_query``) and the batched path agree, declines included."""
+    name, rows, q, mask, k = _cases()[case]
+    half = HalfScan.build(rows)
+    assert half is not None
+    q = _unit(q)
+    matching = rows.shape[0] if mask is None else int(mask.sum())
+    alone = half.search(rows, q, k, mask, matching)
+    pair = half.search(rows, np.vstack([q, q]), k, mask, matching)  # two queries: the general way
+    assert (alone is None) == (pair is None), name
+    if alone is not None and pair is not None:
+        assert alone[0][0].tolist() == pair[0][0].tolist(), name
+        np.testing.assert_allclose(alone[1][0], pair[1][0], rtol=1e-6, atol=1e-6)
+        assert (
+            alone[0][0].tolist()[: min(k, matching)]
+            == _brute(rows, q[0], k, mask)[: min(k, matching)]
+        ), name
+
+
 def test_coordinates_beyond_half_precision_get_no_copy() -> None:
     rows = np.ones((10, DIM), dtype=np.float32)
     rows[3, 7] = 1e6

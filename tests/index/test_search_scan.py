@@ -212,6 +212,32 @@ def test_hits_are_built_on_demand_and_travel_as_lists(world: _World) -> None:
         hash(hits[0])
 
 
+def test_hits_built_after_later_commits_and_compaction_show_what_the_search_read() -> None:
+    """Hits are built on first read: later versions, deletes and merges must not show."""
+    w = _World(SPEC)
+    for lo in range(0, 60, 10):
+        w.commit([("default", f"d{i}", Op.UPSERT, 1_000 + i) for i in range(lo, lo + 10)])
+    rng = np.random.default_rng(5)
+    queries = np.stack([_vec(rng) for _ in range(4)])
+    _, lazy = w.index.search_many(queries, 7, SearchFilter())
+    _, eager = w.index.search_many(queries, 7, SearchFilter())
+    want = [list(h) for h in eager]
+    # Every document found gets newer versions, several in one commit, out of order;
+    # some are deleted; late versions older than the current ones arrive; all merged.
+    found = sorted({h.doc_id for hits in want for h in hits})
+    w.commit([("default", d, Op.UPSERT, 9_000 + j) for j, d in enumerate(found)])
+    w.commit([("default", d, Op.UPSERT, 8_000 + j) for j, d in enumerate(found)])
+    w.commit([("default", d, Op.DELETE, 9_500) for d in found[::2]])
+    w.commit([("default", d, Op.UPSERT, 500) for d in found])
+    w.index.seal_all()
+    while w.index.maintain():
+        pass
+    assert [h.chunk_ids.tolist() for h in lazy] == [[x.chunk_id for x in hits] for hits in want]
+    assert [list(h) for h in lazy] == want
+    _, now = w.index.search_many(queries, 7, SearchFilter())
+    assert [list(h) for h in now] != want, "the later commits changed nothing: this tests nothing"
+
+
 def test_batched_equals_one_at_a_time(world: _World) -> None:
     rng = np.random.default_rng(3)
     queries = np.stack([_vec(rng) for _ in range(12)])

@@ -55,20 +55,22 @@ class Manifest:
         if flt.epoch is None and flt.as_of_us is None:
             # The common read: the latest epoch as it is now. It is always readable
             # (the epoch floor never passes it, and a rollback publishes a new epoch).
-            return ReadSpec(
-                self.epoch,
-                NEVER,
-                flt.tenant,
-                flt.domains,
-                flt.doc_ids,
-                flt.start_us,
-                flt.end_us,
-                flt.metadata,
-            )
-        return self._earlier_spec(flt)
+            epoch, as_of = self.epoch, NEVER
+        else:
+            epoch, as_of = self._checked_version(flt)
+        return ReadSpec(
+            epoch,
+            as_of,
+            flt.tenant,
+            flt.domains,
+            flt.doc_ids,
+            flt.start_us,
+            flt.end_us,
+            flt.metadata,
+        )
 
-    def _earlier_spec(self, flt: SearchFilter) -> ReadSpec:
-        """:meth:`read_spec` for an exact ``epoch`` or an ``as_of``: checked against history."""
+    def _checked_version(self, flt: SearchFilter) -> tuple[int, int]:
+        """The epoch and ``as_of`` (NEVER: now) an earlier read asks for, checked."""
         epoch = self.epoch if flt.epoch is None else flt.epoch
         if epoch > self.epoch:
             msg = (
@@ -107,13 +109,4 @@ class Manifest:
                 )
                 raise QueryError(msg)
             as_of = flt.as_of_us
-        return ReadSpec(
-            epoch=epoch,
-            as_of=as_of,
-            tenant=flt.tenant,
-            domains=flt.domains,
-            doc_ids=flt.doc_ids,
-            start_us=flt.start_us,
-            end_us=flt.end_us,
-            metadata=flt.metadata,
-        )
+        return epoch, as_of
