@@ -137,6 +137,29 @@ def test_more_neighbours_than_rows() -> None:
     assert empty[0].shape == (2, 0)
 
 
+def test_queries_of_any_layout_search_alike_and_a_wrong_width_is_refused() -> None:
+    # The graph is searched through pointers to the query block: a strided,
+    # Fortran-ordered or float64 block must be made contiguous float32 first,
+    # and a block of the wrong width must not be read past its end.
+    data = _clustered(2000, seed=8)
+    ann = HnswAnn.build(data, SPEC)
+    q = _clustered(6, seed=9)
+    want_labels, want_scores = ann.search(q, 10)
+    assert want_scores is not None
+    assert np.allclose(want_scores, np.take_along_axis(q @ data.T, want_labels, axis=1), atol=1e-5)
+    wide = np.zeros((12, DIM), np.float32)
+    wide[::2] = q
+    for layout in (wide[::2], np.asfortranarray(q), q.astype(np.float64)):
+        labels, scores = ann.search(layout, 10)  # type: ignore[arg-type]
+        assert np.array_equal(labels, want_labels)
+        assert scores is not None
+        assert np.allclose(scores, want_scores)
+    with pytest.raises(ValueError, match=f"shape \\(n, {DIM}\\)"):
+        ann.search(q[:, : DIM // 2], 10)
+    with pytest.raises(ValueError, match=f"shape \\(n, {DIM}\\)"):
+        ann.search(q[0], 10)
+
+
 def test_an_index_saved_with_hnswlib_graphs_opens_and_builds_them_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

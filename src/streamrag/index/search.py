@@ -316,6 +316,12 @@ def _search_one(
         return found
     mask = None
     if latest and len(seg.tenant_codes.names) == 1:
+        if seg.stamped == 0 and n > tuning.exact_max_rows:
+            # The hot path: nothing superseded, one tenant, the latest epoch —
+            # every candidate is visible and the graph's scores are exact.
+            labels, scores = ann.search(q, k)
+            if scores is not None and labels.shape[1] == k and all_found(labels):
+                return _Found(seg, scores, labels, ordered=True)
         share = (n - seg.stamped) / n
         matching = n - seg.stamped
     else:
@@ -387,17 +393,15 @@ def _ann(
     mask: npt.NDArray[np.bool_] | None,
     share: float,
 ) -> _Found:
-    """ANN candidates, filtered (and re-scored exactly if approximate); widen until ``k`` pass."""
+    """ANN candidates, filtered (and re-scored exactly if approximate); widen until ``k`` pass.
+
+    (The unfiltered read of a segment with nothing superseded asks the graph
+    once in :func:`_search_one` and comes here only if it found fewer than ``k``.)
+    """
     ann = seg.ann
     assert ann is not None
     m = q.shape[0]
     epoch = spec.epoch
-    if mask is None and seg.stamped == 0:
-        # The hot path: nothing superseded, one tenant, the latest epoch — every
-        # candidate is visible and the graph's scores are exact.
-        labels, scores = ann.search(q, k)
-        if scores is not None and labels.shape[1] == k and all_found(labels):
-            return _Found(seg, scores.astype(np.float32, copy=False), labels, ordered=True)
     out_s = np.full((m, k), -np.inf, dtype=np.float32)
     out_l = np.zeros((m, k), dtype=np.int64)
     todo = np.arange(m)
