@@ -236,6 +236,28 @@ def all_found(labels: npt.NDArray[np.int64]) -> bool:
     return int(labels[:, -1].min()) >= 0
 
 
+def faiss_search(
+    faiss: Any, index: Any, queries: npt.NDArray[np.float32], k: int, params: Any = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """FAISS's ``index.search(queries, k)``: ``(scores, labels)``, each ``(n, k)``.
+
+    Called at FAISS's C++ entry point, into arrays made here: its Python
+    ``search`` does the same with more checks, which cost ~12 us a lone query
+    (of ~120-140) on the 100k-row benchmark graph. The pointers must be to a
+    C-contiguous float32 ``(n, d)`` block: that is checked here, not by FAISS.
+    """
+    x = np.ascontiguousarray(queries, dtype=np.float32)
+    if x.ndim != 2 or x.shape[1] != index.d:
+        msg = f"queries must have shape (n, {index.d}); found {x.shape}"
+        raise ValueError(msg)
+    m = x.shape[0]
+    scores = np.empty((m, k), dtype=np.float32)
+    labels = np.empty((m, k), dtype=np.int64)
+    ptr = faiss.swig_ptr
+    index.search_c(m, ptr(x), k, ptr(scores), ptr(labels), params)
+    return scores, labels
+
+
 def _faiss() -> Any:
     """FAISS, with OpenMP set to one thread in the calling thread.
 
@@ -334,18 +356,7 @@ class HnswAnn:
         m = queries.shape[0]
         if k <= 0 or m == 0:
             return np.full((m, max(k, 0)), -1, dtype=np.int64), np.zeros((m, max(k, 0)), np.float32)
-        # FAISS's C++ entry point, into arrays made here: its Python ``search``
-        # does the same with more checks, which cost ~12 us a lone query (of
-        # ~140) on the 100k-row benchmark graph. The pointers must be to a
-        # C-contiguous float32 (m, d) block: checked here, not by FAISS.
-        x = np.ascontiguousarray(queries, dtype=np.float32)
-        if x.ndim != 2 or x.shape[1] != self.index.d:
-            msg = f"queries must have shape (n, {self.index.d}); found {x.shape}"
-            raise ValueError(msg)
-        scores = np.empty((m, k), dtype=np.float32)
-        labels = np.empty((m, k), dtype=np.int64)
-        ptr = faiss.swig_ptr
-        self.index.search_c(m, ptr(x), k, ptr(scores), ptr(labels))
+        scores, labels = faiss_search(faiss, self.index, queries, k)
         if not all_found(labels):
             scores = np.where(labels >= 0, scores, np.float32(-np.inf))
         return labels, scores
@@ -438,10 +449,10 @@ class IvfPqAnn:
         self, queries: npt.NDArray[np.float32], k: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32] | None]:
         """``refine × k`` candidates per query; their scores are approximate, so none are given."""
-        _faiss()
+        faiss = _faiss()
         kk = min(self.rows, k * self.refine)
-        _, labels = self.index.search(np.ascontiguousarray(queries), kk)
-        return np.asarray(labels, dtype=np.int64), None
+        _, labels = faiss_search(faiss, self.index, queries, kk)
+        return labels, None
 
     def nbytes(self) -> int:
         """Codes and ids per row, plus centroids and codebooks."""

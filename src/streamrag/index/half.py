@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.index.ann import _faiss
+from streamrag.index.ann import _faiss, faiss_search
 
 __all__ = ["HalfScan"]
 
@@ -115,7 +115,7 @@ class HalfScan:
         # First without the mask: most rows usually pass it, and FAISS checks a
         # selector row by row, outside its fast loop (+40 % here).
         want = min(self.rows, k + _MARGIN)
-        approx, labels = self._index.search(q, want)
+        approx, labels = faiss_search(faiss, self._index, q, want)
         if m == 1:
             one = _one_query(
                 vectors, q, approx, labels, mask, k, kk, float(eps[0]), want >= self.rows
@@ -132,7 +132,7 @@ class HalfScan:
             params = faiss.SearchParameters()
             params.sel = faiss.IDSelectorBitmap(self.rows, faiss.swig_ptr(bits))
             want = min(matching, k + _MARGIN)
-            approx, labels = self._index.search(q, want, params=params)
+            approx, labels = faiss_search(faiss, self._index, q, want, params)
             valid = labels >= 0
             if not _proven(approx, valid, kk, eps, complete=want >= matching):
                 return None
