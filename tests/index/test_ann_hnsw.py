@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamrag.errors import ForeignFileError
+from streamrag.errors import ForeignFileError, QueryError
 from streamrag.index.ann import AnnSpec, BuildCancelled, HnswAnn, load_hnsw
 
 DIM = 32
@@ -154,9 +154,9 @@ def test_queries_of_any_layout_search_alike_and_a_wrong_width_is_refused() -> No
         assert np.array_equal(labels, want_labels)
         assert scores is not None
         assert np.allclose(scores, want_scores)
-    with pytest.raises(ValueError, match=f"shape \\(n, {DIM}\\)"):
+    with pytest.raises(QueryError, match=f"shape \\(n, {DIM}\\)"):
         ann.search(q[:, : DIM // 2], 10)
-    with pytest.raises(ValueError, match=f"shape \\(n, {DIM}\\)"):
+    with pytest.raises(QueryError, match=f"shape \\(n, {DIM}\\)"):
         ann.search(q[0], 10)
 
 

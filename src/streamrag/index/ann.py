@@ -69,7 +69,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.errors import ForeignFileError, MissingDependencyError
+from streamrag.errors import ForeignFileError, MissingDependencyError, QueryError
 
 _BUILD_PART = 1024
 """Rows an HNSW build inserts between two looks at whether it was cancelled (~0.5 s)."""
@@ -249,7 +249,7 @@ def faiss_search(
     x = np.ascontiguousarray(queries, dtype=np.float32)
     if x.ndim != 2 or x.shape[1] != index.d:
         msg = f"queries must have shape (n, {index.d}); found {x.shape}"
-        raise ValueError(msg)
+        raise QueryError(msg)
     m = x.shape[0]
     scores = np.empty((m, k), dtype=np.float32)
     labels = np.empty((m, k), dtype=np.int64)

@@ -7,7 +7,8 @@ Histograms time the commit freshness (oldest change read → visible), embedding
 and queries. The answer side counts
 semantic-cache lookups by outcome and the near hits its guards refused, LLM
 calls by outcome and the circuit breaker's state, answers by generator, and
-retrieved chunks flagged as prompt injection.
+retrieved chunks flagged as prompt injection. CPU time by thread
+(:mod:`.thread_cpu`) shows which part of the process took the cores.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from streamrag.runtime.thread_cpu import ThreadCpuCollector
 
 __all__ = ["Metrics"]
 
@@ -35,6 +38,7 @@ class Metrics:
         self._queries(r)
         self._answers(r)
         self._llm(r)
+        r.register(ThreadCpuCollector())
 
     def _ingest(self, r: CollectorRegistry) -> None:
         """Records along the data path: read, applied, refused, embedded, committed."""
