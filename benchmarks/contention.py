@@ -13,7 +13,9 @@ bigger index costs more per query, so the burst is compared with the mean of the
 two rests around it. The figure is p99 during ingest over p99 at rest (goal ≤
 1.5×; Qdrant and seekdb publish the same comparison, seekdb claims 1.1×). The
 job's changes per second during the burst are reported too: serving must not be
-bought by stopping ingest.
+bought by stopping ingest. Where the cores went in each phase comes from the
+server's ``streamrag_thread_cpu_seconds_total`` (its threads by role) and the
+load generator's own CPU time, in cores used over the phase.
 
 Results: ``benchmarks/results/contention.{json,md}``.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -69,6 +72,47 @@ def _writer(path: Path, stop: threading.Event, start: int, rate: int) -> None:
         _docs(path, i, step, seed=i)
         i += step
         stop.wait(0.1)
+
+
+_ROLES = (
+    ("ingest", ("streamrag-read", "streamrag-commit", "streamrag-pipeline", "streamrag-watch")),
+    ("maintenance", ("streamrag-index-maintenance",)),
+    ("query workers", ("streamrag-query-",)),
+    ("event loop", ("MainThread",)),
+)
+
+
+def _thread_cpu(client: httpx.Client, url: str) -> dict[str, float]:
+    """The server's CPU seconds so far by role (``streamrag_thread_cpu_seconds_total``)."""
+    out: dict[str, float] = {}
+    prefix = 'streamrag_thread_cpu_seconds_total{thread="'
+    for line in client.get(f"{url}/metrics").text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labelled, _, value = line.rpartition(" ")
+        thread = labelled[len(prefix) : -2]
+        role = next((r for r, names in _ROLES if thread.startswith(names)), "other threads")
+        out[role] = out.get(role, 0.0) + float(value)
+    return out
+
+
+def _children_cpu() -> float:
+    """CPU seconds of the child processes waited for so far (the load generator)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _phase(
+    client: httpx.Client, url: str, queries: Path, concurrency: int, duration: float
+) -> dict[str, Any]:
+    """One load run, with the cores each part of the server and the load generator used."""
+    cpu0, kids0, t0 = _thread_cpu(client, url), _children_cpu(), time.perf_counter()
+    result = _load(url, queries, concurrency, duration)
+    cpu1, kids1, wall = _thread_cpu(client, url), _children_cpu(), time.perf_counter() - t0
+    cores = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / wall for role in cpu1}
+    cores["load generator"] = (kids1 - kids0) / wall
+    result["cores"] = cores
+    return result
 
 
 def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[str, Any]:
@@ -125,7 +169,7 @@ def case(
         server.start()
         server.wait_caught_up(client, seed, timeout=900)
         log(f"{name}: at rest")
-        rest = _load(server.url, qfile, concurrency, duration)
+        rest = _phase(client, server.url, qfile, concurrency, duration)
         stop = threading.Event()
         writer = threading.Thread(
             target=_writer, args=(data, stop, seed, spec["rate"]), daemon=True
@@ -135,7 +179,7 @@ def case(
         before = server.status(client)["counts"]["applied"]
         started = time.perf_counter()
         log(f"{name}: during an ingest burst")
-        busy = _load(server.url, qfile, concurrency, duration)
+        busy = _phase(client, server.url, qfile, concurrency, duration)
         took = time.perf_counter() - started
         st = server.status(client)
         stop.set()
@@ -143,7 +187,7 @@ def case(
         total = int(data.read_bytes().count(b"\n"))
         server.wait_caught_up(client, total, timeout=900)
         log(f"{name}: at rest again")
-        after = _load(server.url, qfile, concurrency, duration)
+        after = _phase(client, server.url, qfile, concurrency, duration)
     finally:
         client.close()
         server.stop(timeout=120)
@@ -189,6 +233,29 @@ def markdown(results: dict[str, Any]) -> str:
             f"{a['qps']:.0f} / {b['qps']:.0f} / {c['qps']:.0f} | "
             f"{r['ingest_changes_per_s']:,.0f} changes/s |"
         )
+    lines += [
+        "",
+        "Cores used in each phase (CPU seconds over the phase's wall time; the server's by "
+        "thread, from `streamrag_thread_cpu_seconds_total`):",
+        "",
+        "| embedder | phase | "
+        + " | ".join(r for r, _ in _ROLES)
+        + " | other threads | load generator |",
+        "|---|---|" + "---:|" * (len(_ROLES) + 2),
+    ]
+    for name, r in results["cases"].items():
+        for label, key in (
+            ("at rest", "at_rest"),
+            ("during ingest", "during_ingest"),
+            ("at rest after", "at_rest_after"),
+        ):
+            cores = r[key].get("cores", {})
+            cells = [f"{cores.get(role, 0.0):.2f}" for role, _ in _ROLES]
+            cells += [
+                f"{cores.get('other threads', 0.0):.2f}",
+                f"{cores.get('load generator', 0.0):.2f}",
+            ]
+            lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
