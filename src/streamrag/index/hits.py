@@ -69,10 +69,12 @@ class HitTable:
 
     def count(self, i: int) -> int:
         """How many hits query ``i`` has (its scores above ``-inf``)."""
-        row = self.scores[i]
-        if row.shape[0] == 0 or row.item(row.shape[0] - 1) != -math.inf:
-            return int(row.shape[0])
-        return int(np.count_nonzero(row != -np.inf))
+        scores = self.scores
+        kk = scores.shape[1]
+        # The last candidate is the worst: a real score there means the row is full.
+        if kk == 0 or scores.item(i, kk - 1) != -math.inf:
+            return int(kk)
+        return int(np.count_nonzero(scores[i] != -np.inf))
 
     def column(self, name: str, i: int, n: int) -> npt.NDArray[Any]:
         """Query ``i``'s first ``n`` values of one of the segments' number columns."""
