@@ -3,19 +3,21 @@
     .venv/bin/python benchmarks/contention.py          # part of `make bench`, ~7 minutes
 
 For the hashing embedder and for MiniLM: ``streamrag run`` over a seed corpus;
-once it has caught up, ``loadgen.py`` (its own process) sends random 3–6-word
+once it has caught up and index maintenance has built the graphs and copies
+of what it ingested, ``loadgen.py`` (its own process) sends random 3–6-word
 queries from ``--concurrency`` closed-loop clients for ``--duration`` seconds —
 at rest. Then a writer appends changes (2,000 a second for hashing, 60 for
 MiniLM: four times what it embeds, so there ingest runs flat out) and the same
 load runs again — during ingest — and once more at rest when the writer has
-stopped and the job has caught up. The index grows during the burst, and a
-bigger index costs more per query, so the burst is compared with the mean of the
-two rests around it. The figure is p99 during ingest over p99 at rest (goal ≤
-1.5×; Qdrant and seekdb publish the same comparison, seekdb claims 1.1×). The
-job's changes per second during the burst are reported too: serving must not be
-bought by stopping ingest. Where the cores went in each phase comes from the
-server's ``streamrag_thread_cpu_seconds_total`` (its threads by role) and the
-load generator's own CPU time, in cores used over the phase.
+stopped and the job has caught up (and maintenance settled again). The index
+grows during the burst, and a bigger index costs more per query, so the burst
+is compared with the mean of the two rests around it. The figure is p99 during
+ingest over p99 at rest (goal ≤ 1.5×; Qdrant and seekdb publish the same
+comparison, seekdb claims 1.1×). The job's changes per second during the burst
+are reported too: serving must not be bought by stopping ingest. Where the
+cores went in each phase comes from the server's
+``streamrag_thread_cpu_seconds_total`` (its threads by role) and the load
+generator's own CPU time, in cores used over the phase.
 
 Results: ``benchmarks/results/contention.{json,md}``.
 """
@@ -168,6 +170,8 @@ def case(
     try:
         server.start()
         server.wait_caught_up(client, seed, timeout=900)
+        # At rest means maintenance too: the graphs and copies of the seed load built.
+        settled = server.wait_settled(client, timeout=300)
         log(f"{name}: at rest")
         rest = _phase(client, server.url, qfile, concurrency, duration)
         stop = threading.Event()
@@ -186,6 +190,7 @@ def case(
         writer.join()
         total = int(data.read_bytes().count(b"\n"))
         server.wait_caught_up(client, total, timeout=900)
+        settled_after = server.wait_settled(client, timeout=300)
         log(f"{name}: at rest again")
         after = _phase(client, server.url, qfile, concurrency, duration)
     finally:
@@ -200,6 +205,7 @@ def case(
         "during_ingest": busy,
         "at_rest_after": after,
         "docs_after": total,
+        "maintenance_settled_s": [settled, settled_after],
         "ingest_changes_per_s": (st["counts"]["applied"] - before) / took,
         "backlog_bytes_at_end": st["queues"]["source_backlog_bytes"],
         "p50_ratio": busy["p50_ms"] / rest_p50,

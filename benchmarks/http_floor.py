@@ -113,27 +113,11 @@ def streamrag(
     try:
         with httpx.Client(timeout=10) as client:
             srv.wait_caught_up(client, changes, timeout=300)
-            _settled(srv, client)
+            if srv.wait_settled(client) is None:
+                log("maintenance did not settle; measuring anyway")
         return [load(srv.url, queries, c, duration) for c in (1, 16)]
     finally:
         srv.stop()
-
-
-def _settled(srv: ServerProcess, client: httpx.Client, timeout: float = 120) -> None:
-    """Wait until maintenance has given every sealed segment its ANN or half-precision copy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        g: dict[str, float] = {}
-        for line in client.get(f"{srv.url}/metrics").text.splitlines():
-            if line.startswith("streamrag_index_"):
-                name, _, value = line.rpartition(" ")
-                g[name] = float(value)
-        sealed = g["streamrag_index_segments"] - g["streamrag_index_growing_segments"]
-        done = g["streamrag_index_ann_segments"] + g["streamrag_index_half_segments"]
-        if done >= sealed:
-            return
-        time.sleep(0.1)
-    log("maintenance did not settle; measuring anyway")
 
 
 def markdown(res: dict[str, Any]) -> str:

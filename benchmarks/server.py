@@ -125,6 +125,38 @@ class ServerProcess:
                 return time.perf_counter() - self.started_at
             time.sleep(0.02)
 
+    def wait_settled(self, client: httpx.Client, timeout: float = 120) -> float | None:
+        """Wait until index maintenance is idle; return the seconds waited (None: timed out).
+
+        Idle: the maintenance thread used under 5 % of a core over the last second
+        (``streamrag_thread_cpu_seconds_total``): no merge, graph or copy is being
+        built, so none is left to build. A server without that metric is idle once
+        every sealed segment has its ANN structure or half-precision copy.
+        """
+        started = time.perf_counter()
+        last: tuple[float, float] | None = None
+        while time.perf_counter() - started < timeout:
+            g: dict[str, float] = {}
+            for line in client.get(f"{self.url}/metrics").text.splitlines():
+                if line.startswith(("streamrag_index_", "streamrag_thread_cpu_seconds_total")):
+                    name, _, value = line.rpartition(" ")
+                    g[name] = float(value)
+            now = time.perf_counter()
+            cpu = g.get('streamrag_thread_cpu_seconds_total{thread="streamrag-index-maintenance"}')
+            sealed = g["streamrag_index_segments"] - g["streamrag_index_growing_segments"]
+            done = g["streamrag_index_ann_segments"] + g["streamrag_index_half_segments"]
+            if cpu is None:
+                if done >= sealed:  # a server without the thread metric
+                    return now - started
+            elif last is not None and now - last[0] >= 1.0:
+                if (cpu - last[1]) / (now - last[0]) < 0.05:
+                    return now - started
+                last = (now, cpu)
+            elif last is None:
+                last = (now, cpu)
+            time.sleep(0.2)
+        return None
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server (by pid), SIGKILL it after ``timeout`` s; return its exit code."""
         proc = self.proc
