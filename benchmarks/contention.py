@@ -84,17 +84,12 @@ _ROLES = (
 )
 
 
-def _thread_cpu(client: httpx.Client, url: str) -> dict[str, float]:
-    """The server's CPU seconds so far by role (``streamrag_thread_cpu_seconds_total``)."""
+def _by_role(threads: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by thread, summed by the role of each thread (``_ROLES``)."""
     out: dict[str, float] = {}
-    prefix = 'streamrag_thread_cpu_seconds_total{thread="'
-    for line in client.get(f"{url}/metrics").text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        labelled, _, value = line.rpartition(" ")
-        thread = labelled[len(prefix) : -2]
+    for thread, seconds in threads.items():
         role = next((r for r, names in _ROLES if thread.startswith(names)), "other threads")
-        out[role] = out.get(role, 0.0) + float(value)
+        out[role] = out.get(role, 0.0) + seconds
     return out
 
 
@@ -105,12 +100,13 @@ def _children_cpu() -> float:
 
 
 def _phase(
-    client: httpx.Client, url: str, queries: Path, concurrency: int, duration: float
+    client: httpx.Client, server: ServerProcess, queries: Path, concurrency: int, duration: float
 ) -> dict[str, Any]:
     """One load run, with the cores each part of the server and the load generator used."""
-    cpu0, kids0, t0 = _thread_cpu(client, url), _children_cpu(), time.perf_counter()
-    result = _load(url, queries, concurrency, duration)
-    cpu1, kids1, wall = _thread_cpu(client, url), _children_cpu(), time.perf_counter() - t0
+    cpu0, kids0, t0 = _by_role(server.thread_cpu(client)), _children_cpu(), time.perf_counter()
+    result = _load(server.url, queries, concurrency, duration)
+    cpu1 = _by_role(server.thread_cpu(client))
+    kids1, wall = _children_cpu(), time.perf_counter() - t0
     cores = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / wall for role in cpu1}
     cores["load generator"] = (kids1 - kids0) / wall
     result["cores"] = cores
@@ -173,7 +169,7 @@ def case(
         # At rest means maintenance too: the graphs and copies of the seed load built.
         settled = server.wait_settled(client, timeout=300)
         log(f"{name}: at rest")
-        rest = _phase(client, server.url, qfile, concurrency, duration)
+        rest = _phase(client, server, qfile, concurrency, duration)
         stop = threading.Event()
         writer = threading.Thread(
             target=_writer, args=(data, stop, seed, spec["rate"]), daemon=True
@@ -183,7 +179,7 @@ def case(
         before = server.status(client)["counts"]["applied"]
         started = time.perf_counter()
         log(f"{name}: during an ingest burst")
-        busy = _phase(client, server.url, qfile, concurrency, duration)
+        busy = _phase(client, server, qfile, concurrency, duration)
         took = time.perf_counter() - started
         st = server.status(client)
         stop.set()
@@ -192,7 +188,7 @@ def case(
         server.wait_caught_up(client, total, timeout=900)
         settled_after = server.wait_settled(client, timeout=300)
         log(f"{name}: at rest again")
-        after = _phase(client, server.url, qfile, concurrency, duration)
+        after = _phase(client, server, qfile, concurrency, duration)
     finally:
         client.close()
         server.stop(timeout=120)

@@ -152,8 +152,7 @@ def goals() -> list[Row]:
             _goal(
                 f"ANN, {mode}: streamrag QPS / raw library on the same graph "
                 "(median over alternating rounds)",
-                _get(size, "search", mode, "ratio", "qps_paired_median")
-                or _get(size, "search", mode, "ratio", "qps"),
+                _get(size, "search", mode, "ratio", "qps_paired_median"),
                 bound,
                 True,
                 "index.py",

@@ -433,8 +433,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {r['n']:,} | {mode} | {r['hnsw']['ef']} | {raw['qps']:,.0f} | {ours['qps']:,.0f} | "
                 f"{s['ratio']['qps']:.2f} | "
-                f"{s['ratio'].get('qps_paired_median', float('nan')):.2f} "
-                f"({s['ratio'].get('rounds', '-')} rounds) | "
+                f"{s['ratio']['qps_paired_median']:.2f} ({s['ratio']['rounds']} rounds) | "
                 f"{raw['p50_ms']:.3f} / {raw['p99_ms']:.3f} | "
                 f"{ours['p50_ms']:.3f} / {ours['p99_ms']:.3f} | {raw['recall']:.3f} | {ours['recall']:.3f} |"
             )

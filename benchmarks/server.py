@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["ServerProcess", "free_port"]
 
@@ -125,36 +126,34 @@ class ServerProcess:
                 return time.perf_counter() - self.started_at
             time.sleep(0.02)
 
+    def thread_cpu(self, client: httpx.Client) -> dict[str, float]:
+        """The server's CPU seconds so far by thread (``streamrag_thread_cpu_seconds_total``)."""
+        text = client.get(f"{self.url}/metrics").text
+        return {
+            sample.labels["thread"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "streamrag_thread_cpu_seconds"
+            for sample in family.samples
+        }
+
     def wait_settled(self, client: httpx.Client, timeout: float = 120) -> float | None:
         """Wait until index maintenance is idle; return the seconds waited (None: timed out).
 
-        Idle: the maintenance thread used under 5 % of a core over the last second
-        (``streamrag_thread_cpu_seconds_total``): no merge, graph or copy is being
-        built, so none is left to build. A server without that metric is idle once
-        every sealed segment has its ANN structure or half-precision copy.
+        Idle: the maintenance thread used under 5 % of a core over the last
+        second: no merge, graph or copy is being built, so none is left to build.
         """
         started = time.perf_counter()
-        last: tuple[float, float] | None = None
+        thread = "streamrag-index-maintenance"
+        prev = (started, self.thread_cpu(client).get(thread, 0.0))
         while time.perf_counter() - started < timeout:
-            g: dict[str, float] = {}
-            for line in client.get(f"{self.url}/metrics").text.splitlines():
-                if line.startswith(("streamrag_index_", "streamrag_thread_cpu_seconds_total")):
-                    name, _, value = line.rpartition(" ")
-                    g[name] = float(value)
-            now = time.perf_counter()
-            cpu = g.get('streamrag_thread_cpu_seconds_total{thread="streamrag-index-maintenance"}')
-            sealed = g["streamrag_index_segments"] - g["streamrag_index_growing_segments"]
-            done = g["streamrag_index_ann_segments"] + g["streamrag_index_half_segments"]
-            if cpu is None:
-                if done >= sealed:  # a server without the thread metric
-                    return now - started
-            elif last is not None and now - last[0] >= 1.0:
-                if (cpu - last[1]) / (now - last[0]) < 0.05:
-                    return now - started
-                last = (now, cpu)
-            elif last is None:
-                last = (now, cpu)
             time.sleep(0.2)
+            now = time.perf_counter()
+            if now - prev[0] < 1.0:
+                continue
+            cpu = self.thread_cpu(client).get(thread, 0.0)
+            if (cpu - prev[1]) / (now - prev[0]) < 0.05:
+                return now - started
+            prev = (now, cpu)
         return None
 
     def stop(self, timeout: float = 15.0) -> int | None:

@@ -340,3 +340,67 @@ def test_copies_made_while_readers_search_a_hostile_stream() -> None:
         q = _vec(rng)
         _, hits = w.index.search_many(q[None, :], 7, flt)
         assert [h.chunk_id for h in hits[0]] == w.brute(q, 7, flt)
+
+
+GRAPH_SPEC = LsmSpec(
+    seal_rows=16,
+    # A graph on every merged segment, searched so widely that it answers exactly.
+    ann=AnnSpec(min_rows=32, hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=256),
+    compaction=CompactionSpec(fanout=64, seal_rows=16),
+    tuning=SearchTuning(exact_max_rows=0, min_ann_share=0.0),  # always the graph
+    wal_fsync=False,
+)
+
+
+def test_the_graph_is_asked_directly_only_while_nothing_in_it_is_superseded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The unfiltered read of a one-tenant graph segment skips the mask and takes
+    the graph's top k as they come. Once a commit supersedes rows of it — several
+    versions of one document in one commit, late versions, deletes of strangers,
+    updates of the very rows the queries found — the latest read must mask them,
+    and a reader still holding the earlier manifest must go on seeing them."""
+    import streamrag.index.search as search
+
+    w = _World(GRAPH_SPEC)
+    w.commit([("default", f"d{i}", Op.UPSERT, 1_000 + i) for i in range(DOCS)])
+    w.index.seal_all()
+    w.index.compact(force=True)
+    segs = [v.segment for v in w.index.pin().views if v.rows]
+    assert len(segs) == 1
+    assert segs[0].ann is not None, "no graph was built: this tests nothing"
+    rng = np.random.default_rng(21)
+    queries = np.stack([_vec(rng) for _ in range(6)])
+    flt = SearchFilter()
+    before = w.index.pin()
+    want_before = [w.brute(q, 5, flt) for q in queries]
+
+    def no_widening(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the direct read should have answered")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(search, "_ann", no_widening)
+        _, hits = w.index.search_many(queries, 5, flt)
+    assert [h.chunk_ids.tolist() for h in hits] == want_before
+
+    # Update the documents the queries found (their rows in the graph are now
+    # superseded), with several versions in one commit and late ones.
+    found = sorted({int(c) for ids in want_before for c in ids})
+    by_cid = {cid: doc for (_, doc), (cid, *_rest) in w.state.items()}
+    batch = []
+    for cid in found:
+        doc = by_cid[cid]
+        t = w.newest[("default", doc)][0]
+        batch += [
+            ("default", doc, Op.UPSERT, t + 20),
+            ("default", doc, Op.UPSERT, t + 10),  # older than the one before it
+            ("default", doc, Op.UPSERT, t - 500),  # late: history, never current
+        ]
+    batch += [("default", "d7", Op.DELETE, 9_000), ("default", "d999", Op.DELETE, 1)]
+    w.commit(batch)
+    assert segs[0].stamped > 0, "nothing in the graph superseded: this tests nothing"
+    _, hits = w.index.search_many(queries, 5, flt)
+    assert [h.chunk_ids.tolist() for h in hits] == [w.brute(q, 5, flt) for q in queries]
+    # The earlier manifest reads its own epoch: the rows superseded since are its answer.
+    _, hits = w.index.search_many(queries, 5, flt, manifest=before)
+    assert [h.chunk_ids.tolist() for h in hits] == want_before
