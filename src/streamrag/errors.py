@@ -23,6 +23,8 @@ written against the built-in keeps working::
     ├── SourceError            a source cannot be read or resumed
     ├── AuthenticationError    a request has no API key, or one that is not valid (401)
     ├── PermissionDeniedError  a valid key may not do this: its role, or another tenant (403)
+    ├── OverloadedError        the job's bounded queues are full: retry later (429)
+    │   └── QueryTimeoutError  a query got no answer within serve.query_timeout_s
     ├── EmbedderError          an embedder failed or returned a bad shape
     ├── IndexStoreError        the vector index refused an operation
     │   ├── CorruptStateError  a state file fails its checksum (names the file)
@@ -52,8 +54,10 @@ __all__ = [
     "InputError",
     "MissingDependencyError",
     "MissingModelError",
+    "OverloadedError",
     "PermissionDeniedError",
     "QueryError",
+    "QueryTimeoutError",
     "RequestError",
     "SchemaError",
     "SourceError",
@@ -183,6 +187,14 @@ class OverloadedError(StreamragError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QueryTimeoutError(OverloadedError):
+    """A query got no answer from the query workers within ``serve.query_timeout_s``.
+
+    HTTP answers 429 (code ``query_timeout``) with ``Retry-After``; the query was
+    not answered and may be sent again.
+    """
 
 
 class EmbedderError(StreamragError):

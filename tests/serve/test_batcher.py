@@ -1,12 +1,17 @@
-"""The query batcher: a second worker waits for a worthwhile batch while the first embeds."""
+"""The query batcher: batches worth their call, a worker that survives its batch, deadlines."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
+from fastapi.testclient import TestClient
+
+from streamrag.errors import QueryTimeoutError
 from streamrag.index.base import SearchFilter
+from streamrag.serve.app import create_app
 from streamrag.serve.batcher import QueryBatcher
 from tests.e2e.conftest import wait_for
 from tests.serve.test_answer_api import make_service
@@ -50,3 +55,107 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
     finally:
         batcher.close()
     assert calls == [(1, False), (3, True)]
+
+
+class _PinFailsOnce:
+    """The service, except that the first batch's pin raises an unexpected error."""
+
+    def __init__(self, svc: Any) -> None:
+        self.svc = svc
+        self.failed = False
+
+    def pin(self) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("a bug in the read path")
+        return self.svc.pin()
+
+    def observe_query(self, seconds: float, queries: int) -> None:
+        self.svc.observe_query(seconds, queries)
+
+
+def test_a_batch_that_raises_fails_its_queries_and_the_worker_goes_on(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    batcher = QueryBatcher(_PinFailsOnce(svc), workers=1, max_wait_ms=0)  # type: ignore[arg-type]
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> tuple[BaseException | None, int]:
+        failed: BaseException | None = None
+        try:
+            await batcher.retrieve("database password", 1, flt)
+        except RuntimeError as exc:
+            failed = exc
+        # The one worker is still there: the next query is answered.
+        _, hits = await asyncio.wait_for(batcher.retrieve("backups", 1, flt), 10)
+        return failed, len(hits)
+
+    try:
+        failed, found = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert isinstance(failed, RuntimeError)
+    assert "read path" in str(failed)
+    assert found == 1
+
+
+def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    gate = threading.Event()
+    calls: list[list[str]] = []
+    gen = svc.pin()
+    original = gen.embed_many
+
+    def stalled_first(queries):  # type: ignore[no-untyped-def]
+        calls.append(list(queries))
+        if len(calls) == 1:
+            gate.wait(10)  # a stalled embedding call, until the test lets it go
+        return original(queries)
+
+    gen.embed_many = stalled_first  # type: ignore[method-assign]
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, timeout_s=0.05)
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> tuple[list[BaseException | None], int]:
+        first = asyncio.ensure_future(batcher.retrieve("database password", 1, flt))
+        await asyncio.to_thread(wait_for, lambda: calls, 10, "the first embedding call")
+        queued = asyncio.ensure_future(batcher.retrieve("backups", 1, flt))
+        outcomes = await asyncio.gather(first, queued, return_exceptions=True)
+        gate.set()  # the stalled call ends; the queued query is past its deadline
+        batcher.timeout_s = 10
+        _, hits = await batcher.retrieve("vault", 1, flt)
+        return [o if isinstance(o, BaseException) else None for o in outcomes], len(hits)
+
+    try:
+        outcomes, found = asyncio.run(scenario())
+    finally:
+        gate.set()
+        batcher.close()
+    assert all(isinstance(o, QueryTimeoutError) for o in outcomes), outcomes
+    assert "serve.query_timeout_s=0.05" in str(outcomes[0])
+    assert found == 1
+    # The query that timed out in the queue was skipped: never embedded.
+    assert calls == [["database password"], ["vault"]]
+
+
+def test_a_timed_out_retrieve_answers_429_with_retry_after(tmp_path: Path) -> None:
+    svc = make_service(tmp_path, **{"serve.query_timeout_s": 0.05})
+    gate = threading.Event()
+    gen = svc.pin()
+    original = gen.embed_many
+
+    def stalled(queries):  # type: ignore[no-untyped-def]
+        gate.wait(10)
+        return original(queries)
+
+    gen.embed_many = stalled  # type: ignore[method-assign]
+    try:
+        with TestClient(create_app(svc, manage_service=False)) as client:
+            r = client.post("/v1/retrieve", json={"query": "backups", "k": 1})
+            gate.set()
+    finally:
+        gate.set()
+    assert r.status_code == 429, r.text
+    assert r.headers["retry-after"] == "1"
+    error = r.json()["error"]
+    assert error["code"] == "query_timeout"
+    assert "serve.query_timeout_s" in error["message"]

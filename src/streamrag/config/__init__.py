@@ -425,6 +425,12 @@ class ServeSettings(_Frozen):
         "many queries (else it keeps gathering): fewer, larger embedding calls when the "
         "embedder is the bottleneck (MiniLM); 1 = start at once.",
     )
+    query_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest a query waits for its answer from the query workers; past it "
+        "the request gets a 429 (query_timeout) with Retry-After, and no request waits forever.",
+    )
     switch_interval_ms: float = Field(
         1.0,
         gt=0,

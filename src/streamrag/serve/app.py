@@ -106,6 +106,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             max_wait_ms=serve.max_wait_ms,
             workers=serve.query_workers,
             min_parallel_batch=serve.min_parallel_batch,
+            timeout_s=serve.query_timeout_s,
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)
@@ -186,8 +187,10 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
         """
         body = await request.body()
         batcher = request.app.state.batcher
-        status, data = await answer(body, batcher, max_k, principal_of(request))
-        return Response(data, status_code=status, media_type="application/json")
+        status, data, headers = await answer(body, batcher, max_k, principal_of(request))
+        return Response(
+            data, status_code=status, media_type="application/json", headers=dict(headers)
+        )
 
     app.add_middleware(RetrieveASGI, max_k=max_k)
     # API keys, roles and per-key limits, ahead of the retrieve fast path and every route.

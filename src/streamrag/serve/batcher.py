@@ -19,26 +19,39 @@ cheaper than two concurrent calls over four each fighting for the same cores.
 ``max_batch=1`` turns micro-batching off: every query is embedded and searched
 on its own (the benchmark's baseline). Embedding and search run off the event
 loop, which keeps accepting connections meanwhile.
+
+No query waits forever. Each has a deadline (``timeout_s``, the setting
+``serve.query_timeout_s``): past it the request fails with
+:class:`~streamrag.errors.QueryTimeoutError` (HTTP 429 with ``Retry-After``), and
+a worker that picks it up later skips it, as it skips a request whose client
+went away. Whatever a batch raises — an embedder's error, or a bug in this
+module — reaches each of its requests as their error, and the worker goes on
+with the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import queue
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.errors import QueryTimeoutError
 from streamrag.index.base import SearchFilter
 from streamrag.index.hits import Hits
 
 __all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
+
+log = logging.getLogger("streamrag.serve")
 
 
 class Reader(Protocol):
@@ -110,8 +123,10 @@ class QueryBatcher:
         max_wait_ms: float = 2.0,
         workers: int = 2,
         min_parallel_batch: int = 1,
+        timeout_s: float = 30.0,
     ) -> None:
         self.retrieval = retrieval
+        self.timeout_s = timeout_s
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
@@ -142,7 +157,11 @@ class QueryBatcher:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Retrieved] = loop.create_future()
         self._queue.put(_Request(query, k, flt, loop, fut))
-        return await fut
+        deadline = loop.call_later(self.timeout_s, _expire, fut, self.timeout_s)
+        try:
+            return await fut
+        finally:
+            deadline.cancel()
 
     def close(self) -> None:
         """Stop the worker threads."""
@@ -189,6 +208,10 @@ class QueryBatcher:
                 self._busy += 1
             try:
                 self._answer(batch)
+            except Exception as exc:  # the worker outlives any one batch
+                log.exception("a batch of %d queries failed", len(batch))
+                for r in batch:
+                    _deliver(r, _fail, exc)
             finally:
                 with self._busy_lock:
                     self._busy -= 1
@@ -196,6 +219,10 @@ class QueryBatcher:
                 return
 
     def _answer(self, batch: list[_Request]) -> None:
+        # Past their deadline, or their client went away: nobody waits for these.
+        batch = [r for r in batch if not r.future.done()]
+        if not batch:
+            return
         retrieval = self.retrieval
         started = time.perf_counter()
         reader = retrieval.pin()
@@ -203,7 +230,7 @@ class QueryBatcher:
             vectors = reader.embed_many([r.query for r in batch])
         except Exception as exc:  # delivered to each waiting request
             for r in batch:
-                r.loop.call_soon_threadsafe(_fail, r.future, exc)
+                _deliver(r, _fail, exc)
             return
         groups: dict[tuple[int, SearchFilter], list[int]] = defaultdict(list)
         for i, req in enumerate(batch):
@@ -213,13 +240,28 @@ class QueryBatcher:
                 epoch, hits = reader.search_many(vectors[rows], k, flt)
             except Exception as exc:  # an epoch or as_of outside history, for this group
                 for i in rows:
-                    batch[i].loop.call_soon_threadsafe(_fail, batch[i].future, exc)
+                    _deliver(batch[i], _fail, exc)
                 continue
             for i, h in zip(rows, hits, strict=True):
                 r = batch[i]
                 value = (epoch, h, vectors[i], reader.number)
-                r.loop.call_soon_threadsafe(_resolve, r.future, value)
+                _deliver(r, _resolve, value)
         retrieval.observe_query(time.perf_counter() - started, len(batch))
+
+
+def _deliver(r: _Request, fn: Any, value: Any) -> None:
+    """Hand ``fn(r.future, value)`` to the request's event loop; nothing if it has closed."""
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+        r.loop.call_soon_threadsafe(fn, r.future, value)
+
+
+def _expire(fut: asyncio.Future[Retrieved], timeout_s: float) -> None:
+    if not fut.done():
+        msg = (
+            f"the query got no answer within serve.query_timeout_s={timeout_s:g} s "
+            "(the query workers are busy or stalled); send it again"
+        )
+        fut.set_exception(QueryTimeoutError(msg, retry_after_s=1))
 
 
 def _resolve(fut: asyncio.Future[Retrieved], value: Retrieved) -> None:

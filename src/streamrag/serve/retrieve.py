@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from streamrag.chunking import chunk_id_text
-from streamrag.errors import PermissionDeniedError, QueryError
+from streamrag.errors import OverloadedError, PermissionDeniedError, QueryError
 from streamrag.index.base import Hit, MetaPredicate, SearchFilter
 from streamrag.serve.auth import Principal, key_max_k, principal_of, request_tenant
 from streamrag.serve.batcher import QueryBatcher
@@ -37,8 +37,12 @@ _JSON = [(b"content-type", b"application/json")]
 
 async def answer(
     body: bytes, batcher: QueryBatcher, max_k: int, principal: Principal | None
-) -> tuple[int, bytes]:
-    """Answer one retrieve request body: ``(HTTP status, JSON bytes)``, as ``principal`` may."""
+) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """Answer one retrieve request body, as ``principal`` may.
+
+    Returns the HTTP status, the JSON bytes and the headers an error adds
+    (``Retry-After`` when the query timed out).
+    """
     started = time.perf_counter()
     try:
         req = RetrieveRequest.model_validate_json(body)
@@ -47,14 +51,16 @@ async def answer(
         # A QueryError here is found at search time: an epoch or as_of outside history.
         epoch, hits, _, generation = await batcher.retrieve_read(req.query, req.k, flt)
     except (ValidationError, QueryError, PermissionDeniedError) as exc:
-        return error_response(exc)
+        return (*error_response(exc), [])
+    except OverloadedError as exc:
+        return (*error_response(exc), [("retry-after", str(exc.retry_after_s))])
     payload = {
         "epoch": epoch,
         "generation": generation,
         "took_ms": round((time.perf_counter() - started) * 1000, 3),
         "results": [_chunk(h) for h in hits],
     }
-    return 200, encode_json(payload)
+    return 200, encode_json(payload), []
 
 
 class RetrieveASGI:
@@ -80,8 +86,11 @@ class RetrieveASGI:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         batcher: QueryBatcher = scope["app"].state.batcher  # set by Starlette before middleware
-        status, data = await answer(b"".join(chunks), batcher, self.max_k, principal_of(scope))
-        await send({"type": "http.response.start", "status": status, "headers": _JSON})
+        status, data, extra = await answer(
+            b"".join(chunks), batcher, self.max_k, principal_of(scope)
+        )
+        headers = _JSON + [(k.encode(), v.encode()) for k, v in extra] if extra else _JSON
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 
 
