@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from streamrag.errors import StreamragError
 from streamrag.runtime.pipeline import Pipeline
-from streamrag.sources.base import Wakes
+from streamrag.sources.base import WakeEvent, Wakes
 from streamrag.sources.multi import MultiSourceReader
 
 __all__ = ["PipelineRunner"]
@@ -62,7 +62,7 @@ class PipelineRunner:
         self._threads: list[threading.Thread] = []
         self._reader_done = threading.Event()
         self._closed = False
-        self.wake = threading.Event()
+        self.wake = WakeEvent()
         """Set when a poll may find something: by the sources that wake, by pushes, by stop."""
         reader = pipeline.reader
         if isinstance(reader, Wakes):

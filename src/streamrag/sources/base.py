@@ -26,6 +26,7 @@ such a claim on in :attr:`RawBatch.watermark`. (Not to be confused with Kafka's
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -39,6 +40,7 @@ __all__ = [
     "ReportsHealth",
     "Source",
     "SourceReader",
+    "WakeEvent",
     "Wakes",
 ]
 
@@ -177,6 +179,39 @@ class Wakes(Protocol):
     def wake_on(self, event: threading.Event) -> None:
         """Set ``event`` whenever a poll may return something new."""
         ...
+
+
+class WakeEvent(threading.Event):
+    """The job's wake event: a :class:`threading.Event` that knows whether the job waits on it.
+
+    A source that wakes the job by polling its system in fine steps (the
+    folder watch) needs to step finely only while the job waits: a job busy
+    reading a backlog looks again anyway. :meth:`reading_for` says for how long
+    nobody has waited.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = threading.Lock()
+        self._waiting = 0
+        self._since = time.monotonic()  # when the last waiter went back to work
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait as :meth:`threading.Event.wait` does, counted."""
+        with self._count:
+            self._waiting += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            with self._count:
+                self._waiting -= 1
+                if self._waiting == 0:
+                    self._since = time.monotonic()
+
+    def reading_for(self, now: float) -> float:
+        """Seconds (``time.monotonic()``) since anyone last waited on it; 0 while someone waits."""
+        with self._count:
+            return 0.0 if self._waiting else max(0.0, now - self._since)
 
 
 @runtime_checkable

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamrag.sources.base import WakeEvent
+
 __all__ = ["OVERFLOW_PATHS", "FolderWatch", "WatchChanges"]
 
 OVERFLOW_PATHS = 20_000
@@ -47,6 +49,11 @@ OVERFLOW_PATHS = 20_000
 
 _IDLE_TIMEOUT_MS = 200
 """How long one wait for events lasts before the thread looks at its own state again."""
+
+_READING_S = 0.02
+"""A job that has not waited for its wake event this long is reading a backlog, not waiting.
+
+A live stream's job reads each append in about a millisecond and waits again."""
 
 _FINE_STEP_MS = 5
 """The step of a wait that ends close to a deadline (a file due to have settled)."""
@@ -74,7 +81,12 @@ class FolderWatch:
     steps, and each step costs a wake-up of the thread. For ``busy_s`` seconds
     after a change it looks every ``busy_step_ms`` instead (default: the same),
     so a stream of appends is seen within milliseconds while an idle folder
-    costs a wake-up every ``step_ms``.
+    costs a wake-up every ``step_ms``. Fine steps serve a job that waits: when
+    every event it sets is a :class:`~streamrag.sources.base.WakeEvent` that
+    nobody has waited on for :data:`_READING_S` (the job is reading a backlog and
+    will look again anyway), it keeps to ``step_ms`` — each fine step takes the
+    interpreter lock from the job, and a bulk load of 20,000 documents ran 12 %
+    faster without them (``docs/performance.md``).
     """
 
     def __init__(
@@ -169,6 +181,14 @@ class FolderWatch:
         for event in events:
             event.set()
 
+    def _all_reading(self, now: float) -> bool:
+        """Whether nobody has waited on any of the wake events for :data:`_READING_S`."""
+        with self._lock:
+            events = list(self._events)
+        return bool(events) and all(
+            isinstance(e, WakeEvent) and e.reading_for(now) >= _READING_S for e in events
+        )
+
     def _target(self) -> Path:
         """``root`` if it exists, else its nearest existing parent."""
         path = self.root
@@ -241,7 +261,7 @@ class FolderWatch:
         """The step of the next wait (busy or idle) and its timeout, both in ms."""
         now = time.monotonic()
         busy = now < self._busy_until
-        step = self.busy_step_ms if busy else self.step_ms
+        step = self.busy_step_ms if busy and not self._all_reading(now) else self.step_ms
         timeout = _IDLE_TIMEOUT_MS
         if busy:  # one step at a time: a deadline set meanwhile is seen at the next
             timeout = min(timeout, int((self._busy_until - now) * 1000), step)
