@@ -159,3 +159,29 @@ def test_a_timed_out_retrieve_answers_429_with_retry_after(tmp_path: Path) -> No
     error = r.json()["error"]
     assert error["code"] == "query_timeout"
     assert "serve.query_timeout_s" in error["message"]
+
+
+def test_a_failed_batch_answers_500_in_the_one_error_shape_and_the_next_query_200(
+    tmp_path: Path,
+) -> None:
+    svc = make_service(tmp_path)
+    real_pin = svc.pin
+    failed: list[bool] = []
+
+    def pin_fails_once() -> Any:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bug in the read path")
+        return real_pin()
+
+    svc.pin = pin_fails_once  # type: ignore[method-assign]
+    app = create_app(svc, manage_service=False)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        first = client.post("/v1/retrieve", json={"query": "backups", "k": 1})
+        body = {"query": "backups", "k": 1, "filters": {"tenant": "acme"}}
+        second = client.post("/v1/retrieve", json=body)
+    assert first.status_code == 500, first.text
+    assert first.json()["error"]["code"] == "internal_error"
+    assert "read path" not in first.text  # the server's log has the details, not the client
+    assert second.status_code == 200, second.text
+    assert len(second.json()["results"]) == 1
