@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamrag.errors import ForeignFileError, QueryError
-from streamrag.index.ann import AnnSpec, BuildCancelled, HnswAnn, load_hnsw
+from streamrag.index.ann import AnnSpec, BuildCancelled, HnswAnn, IvfPqAnn, load_hnsw
 
 DIM = 32
 SPEC = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16)
@@ -223,3 +223,17 @@ def test_an_index_saved_with_hnswlib_graphs_opens_and_builds_them_again(
     assert "built again" not in caplog.text
     assert third.health().ann_segments == index.health().ann_segments
     third.close()
+
+
+def test_the_hot_path_gives_what_a_search_gives_and_pq_leaves_it_to_search() -> None:
+    data = _clustered(2000, seed=10)
+    ann = HnswAnn.build(data, SPEC)
+    q = np.ascontiguousarray(_clustered(5, seed=11))
+    top = ann.top_k(q, 10)
+    assert top is not None
+    labels, scores = ann.search(q, 10)
+    assert np.array_equal(top[0], labels)
+    assert scores is not None
+    assert np.array_equal(top[1], scores)
+    pq = IvfPqAnn.build(_clustered(4000, seed=12), AnnSpec(pq_m=8))
+    assert pq.top_k(q, 10) is None  # approximate scores: re-scored on the search path

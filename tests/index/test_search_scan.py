@@ -381,6 +381,13 @@ def test_the_graph_is_asked_directly_only_while_nothing_in_it_is_superseded(
     with monkeypatch.context() as mp:
         mp.setattr(search, "_ann", no_widening)
         _, hits = w.index.search_many(queries, 5, flt)
+        # The graph is handed the query block's pointer: any layout is made
+        # contiguous float32 first, and answers alike.
+        wide = np.zeros((2 * queries.shape[0], queries.shape[1]), np.float32)
+        wide[::2] = queries
+        for layout in (wide[::2], np.asfortranarray(queries), queries.astype(np.float64)):
+            _, again = w.index.search_many(layout, 5, flt)  # type: ignore[arg-type]
+            assert [h.chunk_ids.tolist() for h in again] == want_before
     assert [h.chunk_ids.tolist() for h in hits] == want_before
 
     # Update the documents the queries found (their rows in the graph are now

@@ -125,6 +125,17 @@ class Ann(Protocol):
         """Candidate rows per query, best first (-1 pads), with exact scores if it has them."""
         ...
 
+    def top_k(
+        self, queries: npt.NDArray[np.float32], k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None:
+        """The hot path: each query's ``k`` best rows and their exact scores, best first.
+
+        ``queries`` are checked already (a C-contiguous float32 ``(m, d)`` block)
+        and ``0 < k <= rows``. None when the structure's scores are approximate
+        or it reached fewer than ``k`` rows for some query: then :meth:`search`.
+        """
+        ...
+
     def nbytes(self) -> int:
         """Memory held by the structure."""
         ...
@@ -250,6 +261,13 @@ def faiss_search(
     if x.ndim != 2 or x.shape[1] != index.d:
         msg = f"queries must have shape (n, {index.d}); found {x.shape}"
         raise QueryError(msg)
+    return _search_c(faiss, index, x, k, params)
+
+
+def _search_c(
+    faiss: Any, index: Any, x: npt.NDArray[np.float32], k: int, params: Any = None
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """:func:`faiss_search` for a block known to be C-contiguous float32 of the index's width."""
     m = x.shape[0]
     scores = np.empty((m, k), dtype=np.float32)
     labels = np.empty((m, k), dtype=np.int64)
@@ -361,6 +379,13 @@ class HnswAnn:
             scores = np.where(labels >= 0, scores, np.float32(-np.inf))
         return labels, scores
 
+    def top_k(
+        self, queries: npt.NDArray[np.float32], k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None:
+        """The graph's ``k`` best for checked queries; None if it reached fewer for one."""
+        scores, labels = _search_c(_faiss(), self.index, queries, k)
+        return (labels, scores) if all_found(labels) else None
+
     def save(self, path: str) -> None:
         """Write the graph to ``path``: :data:`_HNSW_HEADER`, then FAISS's own bytes."""
         faiss = _faiss()
@@ -453,6 +478,12 @@ class IvfPqAnn:
         kk = min(self.rows, k * self.refine)
         _, labels = faiss_search(faiss, self.index, queries, kk)
         return labels, None
+
+    def top_k(
+        self, queries: npt.NDArray[np.float32], k: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None:
+        """None: product-quantized scores are approximate (:meth:`search`, then re-score)."""
+        return None
 
     def nbytes(self) -> int:
         """Codes and ids per row, plus centroids and codebooks."""

@@ -389,8 +389,11 @@ def check_commit(batch: CommitBatch, dim: int) -> None:
 
 
 def check_queries(queries: npt.NDArray[np.float32], dim: int, k: int) -> npt.NDArray[np.float32]:
-    """Query vectors as a float32 ``(n, dim)`` matrix; refuse a wrong shape or ``k``."""
-    q = np.asarray(queries, dtype=np.float32)
+    """Query vectors as a C-contiguous float32 ``(n, dim)`` matrix; refuse a wrong shape or ``k``.
+
+    (Contiguous, so that FAISS may be handed its pointer as it is.)
+    """
+    q = np.ascontiguousarray(queries, dtype=np.float32)
     if q.ndim != 2 or q.shape[1] != dim:
         msg = f"queries must have shape (n, {dim}); found {q.shape}"
         raise QueryError(msg)

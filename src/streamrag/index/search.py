@@ -38,7 +38,6 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.index.ann import all_found
 from streamrag.index.hits import Hits, HitTable
 from streamrag.index.segment import NEVER, ReadSpec, Segment
 
@@ -319,9 +318,9 @@ def _search_one(
         if seg.stamped == 0 and n > tuning.exact_max_rows:
             # The hot path: nothing superseded, one tenant, the latest epoch —
             # every candidate is visible and the graph's scores are exact.
-            labels, scores = ann.search(q, k)
-            if scores is not None and labels.shape[1] == k and all_found(labels):
-                return _Found(seg, scores, labels, ordered=True)
+            top = ann.top_k(q, k) if k <= n else None
+            if top is not None:
+                return _Found(seg, top[1], top[0], ordered=True)
         share = (n - seg.stamped) / n
         matching = n - seg.stamped
     else:
