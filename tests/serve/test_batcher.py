@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from streamrag.errors import QueryTimeoutError
@@ -98,7 +99,9 @@ def test_a_batch_that_raises_fails_its_queries_and_the_worker_goes_on(tmp_path: 
     assert found == 1
 
 
-def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(tmp_path: Path) -> None:
+def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     svc = make_service(tmp_path)
     gate = threading.Event()
     calls: list[list[str]] = []
@@ -135,6 +138,10 @@ def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(tmp_path:
     assert found == 1
     # The query that timed out in the queue was skipped: never embedded.
     assert calls == [["database password"], ["vault"]]
+    # The log says what the workers were doing when each query timed out.
+    warned = [r.getMessage() for r in caplog.records if "timed out" in r.getMessage()]
+    assert len(warned) == 2
+    assert "1 of 1 query workers busy" in warned[0]
 
 
 def test_a_timed_out_retrieve_answers_429_with_retry_after(tmp_path: Path) -> None:

@@ -33,8 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -132,6 +134,7 @@ class QueryBatcher:
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self._dumped = False  # the threads' stacks went to the log once (a timeout)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"streamrag-query-{i}", daemon=True)
@@ -157,7 +160,7 @@ class QueryBatcher:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Retrieved] = loop.create_future()
         self._queue.put(_Request(query, k, flt, loop, fut))
-        deadline = loop.call_later(self.timeout_s, _expire, fut, self.timeout_s)
+        deadline = loop.call_later(self.timeout_s, self._expire, fut)
         try:
             return await fut
         finally:
@@ -169,6 +172,31 @@ class QueryBatcher:
             self._queue.put(None)
         for thread in self._threads:
             thread.join(5)
+
+    def _expire(self, fut: asyncio.Future[Retrieved]) -> None:
+        """The query's deadline passed: fail it, and say in the log what the workers were doing.
+
+        The first time, every thread's stack goes to the log too (``faulthandler``):
+        a stalled worker shows where it stands.
+        """
+        if fut.done():
+            return
+        msg = (
+            f"the query got no answer within serve.query_timeout_s={self.timeout_s:g} s "
+            "(the query workers are busy or stalled); send it again"
+        )
+        fut.set_exception(QueryTimeoutError(msg, retry_after_s=1))
+        log.warning(
+            "a query timed out after %g s: %d of %d query workers busy, %d queries queued",
+            self.timeout_s,
+            self._busy,
+            len(self._threads),
+            self._queue.qsize(),
+        )
+        if not self._dumped:
+            self._dumped = True
+            with contextlib.suppress(Exception):  # no usable stderr: the warning stands alone
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
     def _work(self) -> None:
         last_size = 1
@@ -253,15 +281,6 @@ def _deliver(r: _Request, fn: Any, value: Any) -> None:
     """Hand ``fn(r.future, value)`` to the request's event loop; nothing if it has closed."""
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
         r.loop.call_soon_threadsafe(fn, r.future, value)
-
-
-def _expire(fut: asyncio.Future[Retrieved], timeout_s: float) -> None:
-    if not fut.done():
-        msg = (
-            f"the query got no answer within serve.query_timeout_s={timeout_s:g} s "
-            "(the query workers are busy or stalled); send it again"
-        )
-        fut.set_exception(QueryTimeoutError(msg, retry_after_s=1))
 
 
 def _resolve(fut: asyncio.Future[Retrieved], value: Retrieved) -> None:
