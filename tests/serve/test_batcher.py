@@ -58,26 +58,41 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
     assert calls == [(1, False), (3, True)]
 
 
-class _PinFailsOnce:
-    """The service, except that the first batch's pin raises an unexpected error."""
+def _fail_first_pin(svc: Any) -> None:
+    """Make the first batch's pin raise an unexpected error (a bug in the read path)."""
+    real_pin = svc.pin
+    failed: list[bool] = []
 
-    def __init__(self, svc: Any) -> None:
-        self.svc = svc
-        self.failed = False
-
-    def pin(self) -> Any:
-        if not self.failed:
-            self.failed = True
+    def pin_fails_once() -> Any:
+        if not failed:
+            failed.append(True)
             raise RuntimeError("a bug in the read path")
-        return self.svc.pin()
+        return real_pin()
 
-    def observe_query(self, seconds: float, queries: int) -> None:
-        self.svc.observe_query(seconds, queries)
+    svc.pin = pin_fails_once
+
+
+def _stall_embedding(svc: Any, *, first_only: bool) -> tuple[threading.Event, list[list[str]]]:
+    """Embedding calls (the first, or all) wait for the gate returned; each call's queries kept."""
+    gate = threading.Event()
+    calls: list[list[str]] = []
+    gen = svc.pin()  # a batch embeds with the generation it pins
+    original = gen.embed_many
+
+    def stalled(queries):  # type: ignore[no-untyped-def]
+        calls.append(list(queries))
+        if len(calls) == 1 or not first_only:
+            gate.wait(10)  # a stalled embedding call, until the test lets it go
+        return original(queries)
+
+    gen.embed_many = stalled
+    return gate, calls
 
 
 def test_a_batch_that_raises_fails_its_queries_and_the_worker_goes_on(tmp_path: Path) -> None:
     svc = make_service(tmp_path)
-    batcher = QueryBatcher(_PinFailsOnce(svc), workers=1, max_wait_ms=0)  # type: ignore[arg-type]
+    _fail_first_pin(svc)
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0)
     flt = SearchFilter(tenant="acme")
 
     async def scenario() -> tuple[BaseException | None, int]:
@@ -103,18 +118,7 @@ def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     svc = make_service(tmp_path)
-    gate = threading.Event()
-    calls: list[list[str]] = []
-    gen = svc.pin()
-    original = gen.embed_many
-
-    def stalled_first(queries):  # type: ignore[no-untyped-def]
-        calls.append(list(queries))
-        if len(calls) == 1:
-            gate.wait(10)  # a stalled embedding call, until the test lets it go
-        return original(queries)
-
-    gen.embed_many = stalled_first  # type: ignore[method-assign]
+    gate, calls = _stall_embedding(svc, first_only=True)
     batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, timeout_s=0.05)
     flt = SearchFilter(tenant="acme")
 
@@ -144,17 +148,36 @@ def test_a_query_past_its_deadline_times_out_and_is_not_embedded_later(
     assert "1 of 1 query workers busy" in warned[0]
 
 
+def test_a_query_whose_client_went_away_is_not_embedded(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    gate, calls = _stall_embedding(svc, first_only=True)
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0)
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> list[int]:
+        first = asyncio.ensure_future(batcher.retrieve("database password", 1, flt))
+        await asyncio.to_thread(wait_for, lambda: calls, 10, "the first embedding call")
+        left = asyncio.ensure_future(batcher.retrieve("backups", 1, flt))
+        stays = asyncio.ensure_future(batcher.retrieve("vault", 1, flt))
+        await asyncio.sleep(0)  # one turn of the loop: both are queued behind the stalled call
+        left.cancel()  # its client disconnected
+        gate.set()
+        answers = await asyncio.gather(first, stays)
+        return [len(hits) for _, hits in answers]
+
+    try:
+        found = asyncio.run(scenario())
+    finally:
+        gate.set()
+        batcher.close()
+    assert found == [1, 1]
+    # The queued pair went to the worker as one batch, and only the live query was embedded.
+    assert calls == [["database password"], ["vault"]]
+
+
 def test_a_timed_out_retrieve_answers_429_with_retry_after(tmp_path: Path) -> None:
     svc = make_service(tmp_path, **{"serve.query_timeout_s": 0.05})
-    gate = threading.Event()
-    gen = svc.pin()
-    original = gen.embed_many
-
-    def stalled(queries):  # type: ignore[no-untyped-def]
-        gate.wait(10)
-        return original(queries)
-
-    gen.embed_many = stalled  # type: ignore[method-assign]
+    gate, _ = _stall_embedding(svc, first_only=False)
     try:
         with TestClient(create_app(svc, manage_service=False)) as client:
             r = client.post("/v1/retrieve", json={"query": "backups", "k": 1})
@@ -172,16 +195,7 @@ def test_a_failed_batch_answers_500_in_the_one_error_shape_and_the_next_query_20
     tmp_path: Path,
 ) -> None:
     svc = make_service(tmp_path)
-    real_pin = svc.pin
-    failed: list[bool] = []
-
-    def pin_fails_once() -> Any:
-        if not failed:
-            failed.append(True)
-            raise RuntimeError("a bug in the read path")
-        return real_pin()
-
-    svc.pin = pin_fails_once  # type: ignore[method-assign]
+    _fail_first_pin(svc)
     app = create_app(svc, manage_service=False)
     with TestClient(app, raise_server_exceptions=False) as client:
         first = client.post("/v1/retrieve", json={"query": "backups", "k": 1})
