@@ -9,8 +9,10 @@ import numpy.typing as npt
 import pytest
 
 from streamrag.config import load_settings
+from streamrag.embed.base import in_process
 from streamrag.embed.choice import MIN_COSINE, EmbedderChoice, space_agreement
 from streamrag.embed.hashing import HashingEmbedder
+from streamrag.embed.remote import OpenAIEmbedder
 from streamrag.errors import ConfigError, EmbedderError
 from streamrag.runtime.commit import Embedding
 from streamrag.runtime.metrics import Metrics
@@ -135,3 +137,22 @@ def test_settings_name_the_fallback_and_the_fast_variant() -> None:
     assert choice.fallback is not None
     assert choice.fast is not None
     assert choice.fast_above_lag_us == 500_000
+
+
+class _Served(Flaky):
+    """The same model behind a service: a call waits on the network (not ``in_process``)."""
+
+    in_process = False
+
+
+def test_queries_may_run_on_the_event_loop_only_when_every_embedder_computes_here() -> None:
+    clock = ManualClock(0)
+    local = HashingEmbedder(dim=32)
+    assert in_process(local)
+    assert not in_process(OpenAIEmbedder("http://127.0.0.1:9/v1", "m", dim=32))
+    assert not in_process(_Served())
+    assert EmbedderChoice(local, clock=clock).in_process
+    assert EmbedderChoice(Flaky(), clock=clock, fallback=local).in_process
+    # A served model anywhere in the choice (primary, fallback): a query may wait on I/O.
+    assert not EmbedderChoice(_Served(), clock=clock, fallback=local).in_process
+    assert not EmbedderChoice(local, clock=clock, fallback=_Served()).in_process

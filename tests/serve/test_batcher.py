@@ -206,3 +206,135 @@ def test_a_failed_batch_answers_500_in_the_one_error_shape_and_the_next_query_20
     assert "read path" not in first.text  # the server's log has the details, not the client
     assert second.status_code == 200, second.text
     assert len(second.json()["results"]) == 1
+
+
+class _StepClock:
+    """A clock that moves ``step_s`` each time it is read: every query takes ``step_s``."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
+def _embedding_threads(svc: Any) -> list[str]:
+    """The name of the thread each embedding call ran on, in order."""
+    threads: list[str] = []
+    gen = svc.pin()  # a batch embeds with the generation it pins
+    original = gen.embed_many
+
+    def spy(queries):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread().name)
+        return original(queries)
+
+    gen.embed_many = spy
+    return threads
+
+
+def _three_queries_one_by_one(batcher: QueryBatcher) -> tuple[str, list[int]]:
+    """The event loop's thread name, and the hit counts of three queries sent one after another."""
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> tuple[str, list[int]]:
+        found = []
+        for query in ("database password", "backups", "vault"):
+            _, hits = await asyncio.wait_for(batcher.retrieve(query, 1, flt), 10)
+            found.append(len(hits))
+        return threading.current_thread().name, found
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        batcher.close()
+
+
+def test_a_lone_fast_query_is_answered_on_the_event_loop_after_the_first(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    clock = _StepClock(0.0001)  # a query takes 0.1 ms: well under the bound
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=clock)
+    loop_thread, found = _three_queries_one_by_one(batcher)
+    assert found == [1, 1, 1]
+    # The first goes to a worker (nothing measured yet); the next two are answered here.
+    assert threads[0] != loop_thread
+    assert threads[1:] == [loop_thread, loop_thread]
+    assert batcher.inline == 2
+
+
+def test_lone_queries_slower_than_the_bound_go_to_the_workers(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    clock = _StepClock(0.005)  # a query takes 5 ms: over the 2 ms bound
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=clock)
+    loop_thread, found = _three_queries_one_by_one(batcher)
+    assert found == [1, 1, 1]
+    assert loop_thread not in threads
+    assert batcher.inline == 0
+
+
+def test_inline_off_always_hands_off(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=0, clock=_StepClock(0))
+    loop_thread, _ = _three_queries_one_by_one(batcher)
+    assert loop_thread not in threads
+    assert batcher.inline == 0
+
+
+def test_a_remote_embedder_is_never_run_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    # The generation's model calls a service (no ``in_process``), like OpenAIEmbedder.
+    monkeypatch.setattr(type(svc.pin().choice.primary), "in_process", False)
+    clock = _StepClock(0.0001)
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=clock)
+    loop_thread, found = _three_queries_one_by_one(batcher)
+    assert found == [1, 1, 1]
+    assert loop_thread not in threads
+    assert batcher.inline == 0
+
+
+def test_a_query_while_another_is_at_a_worker_queues_behind_it(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    gate = threading.Event()
+    calls: list[tuple[str, str]] = []
+    gen = svc.pin()
+    original = gen.embed_many
+
+    def spy(queries):  # type: ignore[no-untyped-def]
+        calls.append((queries[0], threading.current_thread().name))
+        if queries[0] == "stalls":
+            gate.wait(10)  # a slow call at the worker, until the test lets it go
+        return original(queries)
+
+    gen.embed_many = spy  # type: ignore[method-assign]
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> str:
+        await batcher.retrieve("warm", 1, flt)  # lone queries are fast: inline from now on
+        batcher.inline_max_s = 0  # this one goes to the worker, where it stalls
+        stalled = asyncio.ensure_future(batcher.retrieve("stalls", 1, flt))
+        await asyncio.to_thread(wait_for, lambda: len(calls) == 2, 10, "the stalled call")
+        batcher.inline_max_s = 0.002
+        queued = asyncio.ensure_future(batcher.retrieve("backups", 1, flt))
+        await asyncio.sleep(0)  # one turn of the loop: it is queued, the loop runs on
+        gate.set()
+        await asyncio.gather(stalled, queued)
+        return threading.current_thread().name
+
+    try:
+        loop_thread = asyncio.run(scenario())
+    finally:
+        gate.set()
+        batcher.close()
+    assert [q for q, _ in calls] == ["warm", "stalls", "backups"]
+    assert all(t != loop_thread for _, t in calls)
+    assert batcher.inline == 0

@@ -425,6 +425,13 @@ class ServeSettings(_Frozen):
         "many queries (else it keeps gathering): fewer, larger embedding calls when the "
         "embedder is the bottleneck (MiniLM); 1 = start at once.",
     )
+    inline_query_ms: float = Field(
+        2.0,
+        ge=0,
+        description="A lone query (none other in flight) with a local embedder is answered on "
+        "the event loop, without the hand-off to a query worker and back (~0.1 ms), while lone "
+        "queries lately took at most this long; 0 = always hand off.",
+    )
     query_timeout_s: float = Field(
         30.0,
         gt=0,

@@ -27,7 +27,15 @@ import numpy.typing as npt
 
 from streamrag.errors import ConfigError, EmbedderError
 
-__all__ = ["REGISTRY", "CountsTokens", "Embedder", "Loadable", "build_embedder", "check_vectors"]
+__all__ = [
+    "REGISTRY",
+    "CountsTokens",
+    "Embedder",
+    "Loadable",
+    "build_embedder",
+    "check_vectors",
+    "in_process",
+]
 
 REGISTRY: dict[str, str] = {
     "hashing": "streamrag.embed.hashing:HashingEmbedder",
@@ -57,6 +65,19 @@ class Embedder(Protocol):
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Return one row per text, shape ``(len(texts), dim)``, float32."""
         ...
+
+
+def in_process(embedder: object) -> bool:
+    """Whether ``embedder`` computes on this process's CPU, with no I/O to wait on.
+
+    An embedder says so with a class attribute ``in_process = True`` (hashing,
+    ONNX, sentence-transformers); one that calls a service (OpenAI, TEI) does
+    not, since a call can wait on the network for as long as its timeout. Only
+    such an embedder's queries may be answered on the server's event loop
+    (:class:`~streamrag.serve.batcher.QueryBatcher`): their time is bounded by
+    the work, which the batcher measures.
+    """
+    return getattr(type(embedder), "in_process", False) is True
 
 
 @runtime_checkable

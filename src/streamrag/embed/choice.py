@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from streamrag.embed.base import Embedder, check_vectors
+from streamrag.embed.base import Embedder, check_vectors, in_process
 from streamrag.errors import ConfigError
 from streamrag.timing import US_PER_S, Clock, Timestamp, format_timestamp
 
@@ -122,6 +122,11 @@ class EmbedderChoice:
     def in_use(self) -> str:
         """The version of the embedder that made the latest vectors."""
         return self._last.embedder.version
+
+    @property
+    def in_process(self) -> bool:
+        """Every embedder a query may be given to computes here, with no I/O (``in_process``)."""
+        return all(in_process(e) for e in (self.primary, self.fallback, self.fast) if e is not None)
 
     @property
     def circuit_open(self) -> bool:

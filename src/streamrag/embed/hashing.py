@@ -31,6 +31,9 @@ _WORD = re.compile(r"\w+")
 class HashingEmbedder:
     """Signed feature hashing of words into ``dim`` dimensions."""
 
+    in_process = True
+    """Computes on this CPU, no I/O (see :func:`streamrag.embed.base.in_process`)."""
+
     def __init__(self, dim: int = 384, *, max_cache: int = 1_000_000) -> None:
         if dim <= 0:
             msg = f"dim must be positive, found {dim}"

@@ -77,6 +77,9 @@ class _Loaded:
 class OnnxEmbedder:
     """all-MiniLM-L6-v2 through ONNX Runtime, in fp32 or int8 (the default)."""
 
+    in_process = True
+    """Computes on this CPU, no I/O (see :func:`streamrag.embed.base.in_process`)."""
+
     def __init__(
         self,
         precision: Precision = "int8",

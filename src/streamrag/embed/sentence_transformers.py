@@ -43,6 +43,9 @@ _PURPOSE = "The MiniLM embedder"
 class SentenceTransformerEmbedder:
     """A sentence-transformers model; the packaged MiniLM by default."""
 
+    in_process = True
+    """Computes on this CPU, no I/O (see :func:`streamrag.embed.base.in_process`)."""
+
     def __init__(
         self,
         model: str = DEFAULT_MODEL,

@@ -200,6 +200,11 @@ class Generation:
         """The generation's configured embedder."""
         return self.choice.primary
 
+    @property
+    def in_process(self) -> bool:
+        """Its queries are embedded on this CPU with no I/O to wait on (no remote model)."""
+        return self.choice.in_process
+
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Query vectors from this generation's model (its fallback while it fails), checked."""
         vectors, used = self.choice.embed_queries(texts)

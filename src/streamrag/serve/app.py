@@ -107,6 +107,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             workers=serve.query_workers,
             min_parallel_batch=serve.min_parallel_batch,
             timeout_s=serve.query_timeout_s,
+            inline_max_ms=serve.inline_query_ms,
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)

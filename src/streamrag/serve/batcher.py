@@ -20,6 +20,18 @@ cheaper than two concurrent calls over four each fighting for the same cores.
 on its own (the benchmark's baseline). Embedding and search run off the event
 loop, which keeps accepting connections meanwhile.
 
+A lone query may skip the hand-off. Waking a worker on another core and
+waking the event loop back costs ~0.1 ms a query on a 2-vCPU virtual machine
+(a worker that answers at once: 94-121 us there, 27-33 us with the event loop
+and the workers on one core), which at one client is 5-10 % of a query over
+20,000 documents. When no other query is in flight or queued, the model is one
+that computes here with no I/O (:func:`~streamrag.embed.base.in_process`), and
+lone queries lately took at most ``inline_max_ms`` (a moving average of their
+measured time), the query is embedded and searched on the event loop itself:
+the loop is held for about that long, no more than a second query would have
+waited for a busy worker. A remote embedder, a slow model or a large exact
+scan always goes to the workers.
+
 No query waits forever. Each has a deadline (``timeout_s``, the setting
 ``serve.query_timeout_s``): past it the request fails with
 :class:`~streamrag.errors.QueryTimeoutError` (HTTP 429 with ``Retry-After``), and
@@ -40,7 +52,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,6 +72,11 @@ class Reader(Protocol):
     """One index generation: embed queries with its model, search its index."""
 
     number: int
+
+    @property
+    def in_process(self) -> bool:
+        """Its queries are embedded on this CPU with no I/O (may run on the event loop)."""
+        ...
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Queries as unit vectors, one row each."""
@@ -101,6 +118,7 @@ class Retrieval(Protocol):
 
 
 _HOLD_POLL_S = 0.001
+_LONE_WEIGHT = 0.25  # weight of the newest lone query in the moving average of their time
 Retrieved = tuple[int, Hits, npt.NDArray[np.float32], int]
 """One query's answer: the epoch read, its hits, the query's unit vector, the generation."""
 
@@ -126,9 +144,17 @@ class QueryBatcher:
         workers: int = 2,
         min_parallel_batch: int = 1,
         timeout_s: float = 30.0,
+        inline_max_ms: float = 0.0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.retrieval = retrieval
         self.timeout_s = timeout_s
+        self.inline_max_s = inline_max_ms / 1000
+        self._clock = clock
+        self._waiting = 0  # queries handed to the workers and not answered yet (loop only)
+        self._lone_s: float | None = None  # moving average of a lone query's time
+        self.inline = 0
+        """Queries answered on the event loop (no hand-off)."""
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
@@ -157,14 +183,45 @@ class QueryBatcher:
 
     async def retrieve_read(self, query: str, k: int, flt: SearchFilter) -> Retrieved:
         """Epoch, hits, the query's vector and the index generation that answered."""
+        reader = self._inline_reader()
+        if reader is not None:
+            return self._answer_here(reader, query, k, flt)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Retrieved] = loop.create_future()
         self._queue.put(_Request(query, k, flt, loop, fut))
         deadline = loop.call_later(self.timeout_s, self._expire, fut)
+        self._waiting += 1
         try:
             return await fut
         finally:
+            self._waiting -= 1
             deadline.cancel()
+
+    def _inline_reader(self) -> Reader | None:
+        """The generation to answer a lone query with on the event loop, or None to hand off."""
+        lone = self._lone_s
+        if self.inline_max_s <= 0 or lone is None or lone > self.inline_max_s:
+            return None  # off, nothing measured yet, or lone queries lately too slow
+        if self._waiting or self._busy or not self._queue.empty():
+            return None  # not alone: the workers batch it with the others
+        reader = self.retrieval.pin()
+        return reader if reader.in_process else None
+
+    def _answer_here(self, reader: Reader, query: str, k: int, flt: SearchFilter) -> Retrieved:
+        """One query embedded and searched on the calling thread (the event loop)."""
+        started = self._clock()
+        vectors = reader.embed_many([query])
+        epoch, hits = reader.search_many(vectors, k, flt)
+        took = self._clock() - started
+        self._note_lone(took)
+        self.inline += 1
+        self.retrieval.observe_query(took, 1)
+        return epoch, hits[0], vectors[0], reader.number
+
+    def _note_lone(self, seconds: float) -> None:
+        """Fold one lone query's time into the moving average that gates :meth:`_inline_reader`."""
+        lone = self._lone_s
+        self._lone_s = seconds if lone is None else lone + _LONE_WEIGHT * (seconds - lone)
 
     def close(self) -> None:
         """Stop the worker threads."""
@@ -252,7 +309,7 @@ class QueryBatcher:
         if not batch:
             return
         retrieval = self.retrieval
-        started = time.perf_counter()
+        started = self._clock()
         reader = retrieval.pin()
         try:
             vectors = reader.embed_many([r.query for r in batch])
@@ -274,7 +331,10 @@ class QueryBatcher:
                 r = batch[i]
                 value = (epoch, h, vectors[i], reader.number)
                 _deliver(r, _resolve, value)
-        retrieval.observe_query(time.perf_counter() - started, len(batch))
+        took = self._clock() - started
+        if len(batch) == 1:
+            self._note_lone(took)
+        retrieval.observe_query(took, len(batch))
 
 
 def _deliver(r: _Request, fn: Any, value: Any) -> None:
