@@ -186,3 +186,57 @@ def test_recall_is_rechecked_on_live_queries() -> None:
         assert index.health().exact_by_measurement == 1
     assert index.ann_recall_min >= 0.95
     index.close()
+
+
+def test_rechecks_that_change_nothing_space_out_and_a_new_structure_resets_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each re-check is an exact scan of every graph: while they pass, they come less often."""
+    import streamrag.index.lsm_maintenance as maintenance
+
+    checks: list[int] = []
+    real = maintenance.recall_on
+
+    def counted(ann, vectors, queries, exclude=None):  # type: ignore[no-untyped-def]
+        checks.append(index._queries_seen)
+        return real(ann, vectors, queries, exclude)
+
+    monkeypatch.setattr(maintenance, "recall_on", counted)
+    data = _clustered(4000, seed=7)
+    ann = AnnSpec(min_rows=1000, probe_every=64, probe_every_max=256, probe_queries=64)
+    common = {"seal_rows": 2000, "compaction": CompactionSpec(fanout=100, seal_rows=2000)}
+    index = LsmIndex(DIM, LsmSpec(ann=ann, **common), background=False)  # type: ignore[arg-type]
+    first = make_batch([Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(2000)], DIM)
+    index.commit(_with_vectors(first, data[:2000].copy()))
+    index.seal_all()
+    while index.maintain():
+        pass
+    assert index.health().ann_pending == 0
+    rng = np.random.default_rng(5)
+    # Queries near the documents: the graph holds its recall on them, nothing changes.
+    noise = 0.05 * rng.standard_normal((1000, DIM)).astype(np.float32)
+    queries = data[rng.integers(0, 2000, 1000)] + noise
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+
+    def one_by_one(n: int) -> None:
+        for i in range(n):
+            index.search_many(queries[i : i + 1], 10, SearchFilter())
+            index.maintain()
+
+    one_by_one(1000)
+    # Due after 64, then 128, 256 and 256 more queries (the longest interval), not every 64.
+    assert checks == [64, 192, 448, 704, 960]
+    assert index.ann_recall_min >= 0.95
+    # A second segment gets its graph: it is checked on live queries at the first pace again.
+    second = make_batch(
+        [Change(f"d{i}", Op.UPSERT, 100 + i, i, (i,)) for i in range(2000, 4000)], DIM
+    )
+    index.commit(_with_vectors(second, data[2000:].copy()))
+    index.seal_all()
+    while index.maintain():
+        pass
+    checks.clear()
+    one_by_one(100)
+    # Both graphs, 64 queries after the last check (at 960), not 256.
+    assert checks == [1024, 1024]
+    index.close()

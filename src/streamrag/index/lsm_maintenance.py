@@ -65,10 +65,11 @@ class LsmMaintenance(LsmPersistence):
 
         A structure below ``target_recall`` is widened until it reaches it, or
         dropped (the segment is then scanned exactly). Runs every
-        ``probe_every`` queries; True if a structure was changed.
+        ``probe_every`` queries, an interval that doubles up to ``probe_every_max``
+        while checks change nothing; True if a structure was changed.
         """
         spec = self._spec.ann
-        due = self._queries_seen - self._queries_at_check >= spec.probe_every
+        due = self._queries_seen - self._queries_at_check >= self._probe_interval
         if not self._probes or not (due or force):
             return False
         self._queries_at_check = self._queries_seen
@@ -101,6 +102,10 @@ class LsmMaintenance(LsmPersistence):
                 continue
             lowest = min(lowest, recall)
         self.ann_recall_min = lowest
+        if changed:
+            self._probe_interval = spec.probe_every
+        else:
+            self._probe_interval = min(2 * self._probe_interval, spec.probe_every_max)
         return changed
 
     def _build_one_ann(self) -> bool:
@@ -162,6 +167,7 @@ class LsmMaintenance(LsmPersistence):
             if current is not None and current.vectors is seg.vectors:
                 current.ann = ann
             self._needs_checkpoint = True
+            self._probe_interval = self._spec.ann.probe_every  # check it on live queries soon
 
     def compact(self, *, force: bool = False) -> bool:
         """Merge segments the policy picks: neighbours in event time (all with ``force``)."""

@@ -134,7 +134,7 @@ class LsmReads(LsmState):
         self._queries_seen += q.shape[0]  # approximate under threads: it only paces checks
         if self._queries_seen % _PROBE_SAMPLING < q.shape[0]:
             self._probes.append(q[0].copy())
-            if self._queries_seen - self._queries_at_check >= self._spec.ann.probe_every:
+            if self._queries_seen - self._queries_at_check >= self._probe_interval:
                 self._notify()
         return spec.epoch, hits
 

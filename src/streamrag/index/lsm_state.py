@@ -115,6 +115,7 @@ class LsmState:
         self._probes: deque[npt.NDArray[np.float32]] = deque(maxlen=self._spec.ann.probe_queries)
         self._queries_seen = 0
         self._queries_at_check = 0
+        self._probe_interval = self._spec.ann.probe_every  # queries until the next re-check
         self.ann_recall_min = 1.0
         self._wal: WriteAheadLog | None = None
         self._maintenance = MaintenanceThread()  # the closed flag, and the thread if started
