@@ -40,6 +40,7 @@ from streamrag.index.base import (
     merge_cursor,
 )
 from streamrag.index.hits import Hits
+from streamrag.index.topk import top_k
 from streamrag.index.versions import Versions, is_newer, newest_per_doc
 from streamrag.timing import Clock, SystemClock, Timestamp
 
@@ -230,14 +231,13 @@ class ExactIndex:
                 scores = scores[:, rows]
         kk = min(k, rows.size)
         if kk < rows.size:
-            top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+            best, _ = top_k(scores, kk)  # best first (a heap per query, not a sort)
         else:
-            top = np.broadcast_to(np.arange(rows.size), (q.shape[0], rows.size))
+            best = np.argsort(-scores, axis=1, kind="stable")
         results = []
         for i in range(q.shape[0]):
-            cand = top[i]
-            order = cand[np.argsort(-scores[i, cand], kind="stable")]
-            results.append(Hits.of([_hit(snap, int(rows[j]), float(scores[i, j])) for j in order]))
+            hits = [_hit(snap, int(rows[j]), float(scores[i, j])) for j in best[i].tolist()]
+            results.append(Hits.of(hits))
         return snap.epoch, results
 
     # -- writing ---------------------------------------------------------------

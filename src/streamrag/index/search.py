@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from streamrag.index.hits import Hits, HitTable
 from streamrag.index.segment import NEVER, ReadSpec, Segment
+from streamrag.index.topk import top_k
 
 __all__ = ["SearchTuning", "search_segments"]
 
@@ -225,14 +226,11 @@ class _Scan:
                 np.copyto(out, -np.inf, where=~part.keep)
         kk = min(k, total)
         if kk < total:
-            cols = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
-            picked = np.take_along_axis(scores, cols, axis=1)
+            cols, picked = top_k(scores, kk)  # best first (a heap per query, not a sort)
         else:
-            cols = np.broadcast_to(np.arange(total), (m, total))
-            picked = scores
-        order = np.argsort(-picked, axis=1, kind="stable")
-        cols = np.take_along_axis(cols, order, axis=1)
-        picked = np.take_along_axis(picked, order, axis=1)
+            order = np.argsort(-scores, axis=1, kind="stable")
+            cols = np.take_along_axis(np.broadcast_to(np.arange(total), (m, total)), order, axis=1)
+            picked = np.take_along_axis(scores, order, axis=1)
         which = np.searchsorted(starts, cols, side="right") - 1
         rows = cols - starts[which]
         for g, part in enumerate(self.parts):
