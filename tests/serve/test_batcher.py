@@ -338,3 +338,31 @@ def test_a_query_while_another_is_at_a_worker_queues_behind_it(tmp_path: Path) -
     assert [q for q, _ in calls] == ["warm", "stalls", "backups"]
     assert all(t != loop_thread for _, t in calls)
     assert batcher.inline == 0
+
+
+def test_a_cheap_batch_does_not_wait_past_the_company_it_had(tmp_path: Path) -> None:
+    """Two clients over a fast embedder: a pair is answered at once, not after max_wait."""
+    svc = make_service(tmp_path)
+    gate, calls = _stall_embedding(svc, first_only=True)
+    # Batches take 0.1 ms (the clock) and may wait 10 s for company: a batch that
+    # waited for a third query would miss the 5 s below.
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=10_000, clock=_StepClock(0.0001))
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> None:
+        stalled = asyncio.ensure_future(batcher.retrieve("stalls", 1, flt))
+        await asyncio.to_thread(wait_for, lambda: calls, 10, "the stalled call")
+        pair = [asyncio.ensure_future(batcher.retrieve(q, 1, flt)) for q in ("b1", "b2")]
+        await asyncio.sleep(0)  # one turn of the loop: both queued behind the stalled call
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(stalled, *pair), 5)  # the pair: one batch of 2
+        # The last batch had 2: the next pair is answered as soon as both are in.
+        again = [asyncio.ensure_future(batcher.retrieve(q, 1, flt)) for q in ("c1", "c2")]
+        await asyncio.wait_for(asyncio.gather(*again), 5)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gate.set()
+        batcher.close()
+    assert calls == [["stalls"], ["b1", "b2"], ["c1", "c2"]]
