@@ -366,3 +366,14 @@ def test_a_cheap_batch_does_not_wait_past_the_company_it_had(tmp_path: Path) -> 
         gate.set()
         batcher.close()
     assert calls == [["stalls"], ["b1", "b2"], ["c1", "c2"]]
+
+
+def test_metrics_count_the_queries_answered_on_the_event_loop(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)  # the test embedder computes here: lone queries may stay
+    with TestClient(create_app(svc, manage_service=False)) as client:
+        for query in ("database password", "backups", "vault"):
+            r = client.post("/v1/retrieve", json={"query": query, "k": 1})
+            assert r.status_code == 200, r.text
+        metrics = client.get("/metrics").text
+    # The first went to a worker (nothing measured yet); the two after it stayed.
+    assert "streamrag_queries_inline_total 2.0" in metrics

@@ -176,6 +176,12 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64),
             registry=r,
         )
+        self.queries_inline = Counter(
+            "streamrag_queries_inline",
+            "Lone queries answered on the server's event loop, without the hand-off to a "
+            "query worker (serve.inline_query_ms).",
+            registry=r,
+        )
 
     def _answers(self, r: CollectorRegistry) -> None:
         """The answer cache and the answers by generator."""

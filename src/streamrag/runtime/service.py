@@ -412,10 +412,12 @@ class Service:
         """The top ``k`` of each query vector in one pinned epoch of the serving index."""
         return self.serving.search_many(vectors, k, flt)
 
-    def observe_query(self, seconds: float, queries: int) -> None:
-        """Record one batch of ``queries`` answered in ``seconds`` in the metrics."""
+    def observe_query(self, seconds: float, queries: int, *, inline: bool = False) -> None:
+        """Record one batch of ``queries`` answered in ``seconds`` (``inline``: on the loop)."""
         self.metrics.query_seconds.observe(seconds)
         self.metrics.query_batch.observe(queries)
+        if inline:
+            self.metrics.queries_inline.inc()
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Texts as unit vectors from the serving generation's embedder, checked."""

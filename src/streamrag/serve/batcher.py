@@ -15,10 +15,12 @@ only if a batch costs at least five times the wait (MiniLM: tens of
 milliseconds a call, where company is worth 2 ms); over a cheap embedder it
 goes with what is queued. At two clients over 20,000 documents with the hashing
 embedder, waiting for a third query that could not come held each pair 2 ms:
-265-328 queries/s, against 395-420 without that wait. While another worker is embedding, a worker holding fewer
-than ``min_parallel_batch`` queries keeps gathering until it has that many or
-the other worker is done: when the embedder is the bottleneck (MiniLM: ~25 ms
-per call plus ~5 ms per query on a core here), one call over eight queries is
+265-328 queries/s, against 395-420 without that wait.
+
+While another worker is embedding, a worker holding fewer than
+``min_parallel_batch`` queries keeps gathering until it has that many or the
+other worker is done: when the embedder is the bottleneck (MiniLM: ~25 ms per
+call plus ~5 ms per query on a core here), one call over eight queries is
 cheaper than two concurrent calls over four each fighting for the same cores.
 
 ``max_batch=1`` turns micro-batching off: every query is embedded and searched
@@ -118,8 +120,8 @@ class Retrieval(Protocol):
         """The top ``k`` of each query vector in one pinned epoch: ``(epoch, hits)``."""
         ...
 
-    def observe_query(self, seconds: float, queries: int) -> None:
-        """Record one batch of ``queries`` answered in ``seconds``."""
+    def observe_query(self, seconds: float, queries: int, *, inline: bool = False) -> None:
+        """Record one batch of ``queries`` answered in ``seconds`` (``inline``: on the loop)."""
         ...
 
 
@@ -222,7 +224,7 @@ class QueryBatcher:
         took = self._clock() - started
         self._note_lone(took)
         self.inline += 1
-        self.retrieval.observe_query(took, 1)
+        self.retrieval.observe_query(took, 1, inline=True)
         return epoch, hits[0], vectors[0], reader.number
 
     def _note_lone(self, seconds: float) -> None:
