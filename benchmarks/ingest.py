@@ -35,6 +35,9 @@ from streamrag.runtime.build import build_splitter
 from streamrag.runtime.service import Service
 from streamrag.runtime.thread_cpu import thread_cpu_seconds
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server import MAINTENANCE_THREAD, wait_idle
+
 
 def proc_status_kib(pid: int | str = "self") -> dict[str, int]:
     """``VmRSS``/``VmHWM`` (KiB) of a process from ``/proc/<pid>/status``."""
@@ -123,35 +126,14 @@ def time_pipeline(
     return elapsed, service
 
 
-def settle_maintenance(timeout: float = 120.0) -> float | None:
-    """Wait until the index's maintenance thread is idle; the seconds waited (None: timed out).
-
-    Idle: under 5 % of a core over the last second (what ``server.py``'s
-    ``wait_settled`` asks of a server). Right after a bulk load the default
-    index still builds its half-precision copies, on the other core and with
-    the interpreter lock now and then; searches timed meanwhile measure that.
-    """
-    name = "streamrag-index-maintenance"
-    started = time.perf_counter()
-    prev = (started, thread_cpu_seconds().get(name, 0.0))
-    while time.perf_counter() - started < timeout:
-        time.sleep(0.2)
-        now = time.perf_counter()
-        if now - prev[0] < 1.0:
-            continue
-        cpu = thread_cpu_seconds().get(name, 0.0)
-        if (cpu - prev[1]) / (now - prev[0]) < 0.05:
-            return now - started
-        prev = (now, cpu)
-    return None
-
-
 def time_search(service: Service, queries: list[str], k: int) -> dict[str, float]:
     """In-process ``Service.retrieve_many`` latency for 1 and 16 queries per call (no HTTP).
 
-    Timed once index maintenance is idle (:func:`settle_maintenance`): steady state.
+    Timed once index maintenance is idle: steady state. Right after a bulk load
+    the default index still builds its half-precision copies, on the other core
+    and with the interpreter lock now and then; searches timed meanwhile measure that.
     """
-    settled = settle_maintenance()
+    settled = wait_idle(lambda: thread_cpu_seconds().get(MAINTENANCE_THREAD, 0.0))
     flt = SearchFilter(tenant=service.settings.ingest.default_tenant)
     out: dict[str, float] = {"settle_s": -1.0 if settled is None else settled}
     for size, calls in ((1, 1000), (16, 100)):

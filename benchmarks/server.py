@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,30 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["ServerProcess", "free_port"]
+__all__ = ["MAINTENANCE_THREAD", "ServerProcess", "free_port", "wait_idle"]
+
+MAINTENANCE_THREAD = "streamrag-index-maintenance"
+
+
+def wait_idle(cpu_seconds: Callable[[], float], timeout: float = 120) -> float | None:
+    """Wait until a thread is idle; return the seconds waited (None: timed out).
+
+    ``cpu_seconds`` reads the thread's CPU time so far. Idle: under 5 % of a
+    core over the last second (for index maintenance: no merge, graph or copy
+    is being built, so none is left to build).
+    """
+    started = time.perf_counter()
+    prev = (started, cpu_seconds())
+    while time.perf_counter() - started < timeout:
+        time.sleep(0.2)
+        now = time.perf_counter()
+        if now - prev[0] < 1.0:
+            continue
+        cpu = cpu_seconds()
+        if (cpu - prev[1]) / (now - prev[0]) < 0.05:
+            return now - started
+        prev = (now, cpu)
+    return None
 
 
 def free_port() -> int:
@@ -137,24 +161,8 @@ class ServerProcess:
         }
 
     def wait_settled(self, client: httpx.Client, timeout: float = 120) -> float | None:
-        """Wait until index maintenance is idle; return the seconds waited (None: timed out).
-
-        Idle: the maintenance thread used under 5 % of a core over the last
-        second: no merge, graph or copy is being built, so none is left to build.
-        """
-        started = time.perf_counter()
-        thread = "streamrag-index-maintenance"
-        prev = (started, self.thread_cpu(client).get(thread, 0.0))
-        while time.perf_counter() - started < timeout:
-            time.sleep(0.2)
-            now = time.perf_counter()
-            if now - prev[0] < 1.0:
-                continue
-            cpu = self.thread_cpu(client).get(thread, 0.0)
-            if (cpu - prev[1]) / (now - prev[0]) < 0.05:
-                return now - started
-            prev = (now, cpu)
-        return None
+        """Wait until index maintenance is idle (:func:`wait_idle`); the seconds waited."""
+        return wait_idle(lambda: self.thread_cpu(client).get(MAINTENANCE_THREAD, 0.0), timeout)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM the server (by pid), SIGKILL it after ``timeout`` s; return its exit code."""

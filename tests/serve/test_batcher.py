@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from fastapi.testclient import TestClient
@@ -16,6 +17,8 @@ from streamrag.serve.app import create_app
 from streamrag.serve.batcher import QueryBatcher
 from tests.e2e.conftest import wait_for
 from tests.serve.test_answer_api import make_service
+
+T = TypeVar("T")
 
 
 def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None:
@@ -251,6 +254,20 @@ def _three_queries_one_by_one(batcher: QueryBatcher) -> tuple[str, list[int]]:
         batcher.close()
 
 
+def _run_then_close(batcher: QueryBatcher, scenario: Coroutine[Any, Any, T], gate: Any) -> T:
+    """Run ``scenario`` on a fresh event loop; then open ``gate`` and stop the workers."""
+    try:
+        return asyncio.run(scenario)
+    finally:
+        gate.set()
+        batcher.close()
+
+
+def _inline(svc: Any) -> float:
+    """``streamrag_queries_inline_total``: queries answered on the event loop so far."""
+    return svc.metrics.registry.get_sample_value("streamrag_queries_inline_total") or 0.0
+
+
 def test_a_lone_fast_query_is_answered_on_the_event_loop_after_the_first(tmp_path: Path) -> None:
     svc = make_service(tmp_path)
     threads = _embedding_threads(svc)
@@ -261,42 +278,32 @@ def test_a_lone_fast_query_is_answered_on_the_event_loop_after_the_first(tmp_pat
     # The first goes to a worker (nothing measured yet); the next two are answered here.
     assert threads[0] != loop_thread
     assert threads[1:] == [loop_thread, loop_thread]
-    assert batcher.inline == 2
+    assert _inline(svc) == 2
 
 
-def test_lone_queries_slower_than_the_bound_go_to_the_workers(tmp_path: Path) -> None:
-    svc = make_service(tmp_path)
-    threads = _embedding_threads(svc)
-    clock = _StepClock(0.005)  # a query takes 5 ms: over the 2 ms bound
-    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=clock)
-    loop_thread, found = _three_queries_one_by_one(batcher)
-    assert found == [1, 1, 1]
-    assert loop_thread not in threads
-    assert batcher.inline == 0
-
-
-def test_inline_off_always_hands_off(tmp_path: Path) -> None:
-    svc = make_service(tmp_path)
-    threads = _embedding_threads(svc)
-    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=0, clock=_StepClock(0))
-    loop_thread, _ = _three_queries_one_by_one(batcher)
-    assert loop_thread not in threads
-    assert batcher.inline == 0
-
-
-def test_a_remote_embedder_is_never_run_on_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("step_s", "bound_ms", "remote"),
+    [
+        (0.005, 2.0, False),  # a query takes 5 ms: over the 2 ms bound
+        (0.0, 0.0, False),  # off: even a query that takes no time hands off
+        (0.0001, 2.0, True),  # fast, but the model calls a service, like OpenAIEmbedder
+    ],
+    ids=["slower-than-the-bound", "off", "remote-embedder"],
+)
+def test_queries_go_to_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_s: float, bound_ms: float, remote: bool
 ) -> None:
     svc = make_service(tmp_path)
     threads = _embedding_threads(svc)
-    # The generation's model calls a service (no ``in_process``), like OpenAIEmbedder.
-    monkeypatch.setattr(type(svc.pin().choice.primary), "in_process", False)
-    clock = _StepClock(0.0001)
-    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=clock)
+    if remote:  # the generation's model does not compute here (no ``in_process``)
+        monkeypatch.setattr(type(svc.pin().choice.primary), "in_process", False)
+    clock = _StepClock(step_s)
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, inline_max_ms=bound_ms, clock=clock)
     loop_thread, found = _three_queries_one_by_one(batcher)
     assert found == [1, 1, 1]
+    assert len(threads) == 3
     assert loop_thread not in threads
-    assert batcher.inline == 0
+    assert _inline(svc) == 0
 
 
 def test_a_query_while_another_is_at_a_worker_queues_behind_it(tmp_path: Path) -> None:
@@ -330,14 +337,27 @@ def test_a_query_while_another_is_at_a_worker_queues_behind_it(tmp_path: Path) -
         await asyncio.gather(stalled, queued)
         return threading.current_thread().name
 
-    try:
-        loop_thread = asyncio.run(scenario())
-    finally:
-        gate.set()
-        batcher.close()
+    loop_thread = _run_then_close(batcher, scenario(), gate)
     assert [q for q, _ in calls] == ["warm", "stalls", "backups"]
     assert all(t != loop_thread for _, t in calls)
-    assert batcher.inline == 0
+    assert _inline(svc) == 0
+
+
+async def _a_batch_of_two(
+    batcher: QueryBatcher, gate: threading.Event, calls: list[list[str]]
+) -> None:
+    """Leave the one worker with a last batch of two: a pair queued behind a stalled call.
+
+    ``gate`` and ``calls`` are :func:`_stall_embedding`'s (``first_only``).
+    """
+    flt = SearchFilter(tenant="acme")
+    stalled = asyncio.ensure_future(batcher.retrieve("stalls", 1, flt))
+    await asyncio.to_thread(wait_for, lambda: calls, 10, "the stalled call")
+    pair = [asyncio.ensure_future(batcher.retrieve(q, 1, flt)) for q in ("b1", "b2")]
+    await asyncio.sleep(0)  # one turn of the loop: both queued behind the stalled call
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(stalled, *pair), 5)  # the pair: one batch of 2
+    assert calls[-1] == ["b1", "b2"]
 
 
 def test_a_cheap_batch_does_not_wait_past_the_company_it_had(tmp_path: Path) -> None:
@@ -350,21 +370,12 @@ def test_a_cheap_batch_does_not_wait_past_the_company_it_had(tmp_path: Path) -> 
     flt = SearchFilter(tenant="acme")
 
     async def scenario() -> None:
-        stalled = asyncio.ensure_future(batcher.retrieve("stalls", 1, flt))
-        await asyncio.to_thread(wait_for, lambda: calls, 10, "the stalled call")
-        pair = [asyncio.ensure_future(batcher.retrieve(q, 1, flt)) for q in ("b1", "b2")]
-        await asyncio.sleep(0)  # one turn of the loop: both queued behind the stalled call
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(stalled, *pair), 5)  # the pair: one batch of 2
+        await _a_batch_of_two(batcher, gate, calls)
         # The last batch had 2: the next pair is answered as soon as both are in.
         again = [asyncio.ensure_future(batcher.retrieve(q, 1, flt)) for q in ("c1", "c2")]
         await asyncio.wait_for(asyncio.gather(*again), 5)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        gate.set()
-        batcher.close()
+    _run_then_close(batcher, scenario(), gate)
     assert calls == [["stalls"], ["b1", "b2"], ["c1", "c2"]]
 
 
@@ -377,3 +388,29 @@ def test_metrics_count_the_queries_answered_on_the_event_loop(tmp_path: Path) ->
         metrics = client.get("/metrics").text
     # The first went to a worker (nothing measured yet); the two after it stayed.
     assert "streamrag_queries_inline_total 2.0" in metrics
+
+
+def test_a_query_arriving_while_a_worker_gathers_joins_its_batch(tmp_path: Path) -> None:
+    """A worker waiting for company holds a query nobody has answered yet: no one is alone."""
+    svc = make_service(tmp_path)
+    gate, calls = _stall_embedding(svc, first_only=True)
+    threads = _embedding_threads(svc)
+    # Lone queries are fast (inline allowed), and a worker whose last batch had two
+    # waits up to 10 s for a second query.
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=10_000, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> str:
+        await _a_batch_of_two(batcher, gate, calls)
+        first = asyncio.ensure_future(batcher.retrieve("c1", 1, flt))
+        # The worker took it and gathers (nothing queued, nothing embedding).
+        await asyncio.to_thread(wait_for, batcher._queue.empty, 10, "c1 taken")
+        await asyncio.wait_for(asyncio.gather(first, batcher.retrieve("c2", 1, flt)), 5)
+        return threading.current_thread().name
+
+    loop_thread = _run_then_close(batcher, scenario(), gate)
+    assert calls == [["stalls"], ["b1", "b2"], ["c1", "c2"]]
+    assert loop_thread not in threads
+    assert _inline(svc) == 0

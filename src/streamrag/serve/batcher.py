@@ -29,7 +29,7 @@ loop, which keeps accepting connections meanwhile.
 
 A lone query may skip the hand-off. Waking a worker on another core and
 waking the event loop back costs ~0.1 ms a query on a 2-vCPU virtual machine
-(a worker that answers at once: 94-121 us there, 27-33 us with the event loop
+(a worker that answers at once: 94-129 us there, 26-35 us with the event loop
 and the workers on one core), which at one client is 5-10 % of a query over
 20,000 documents. When no other query is in flight or queued, the model is one
 that computes here with no I/O (:func:`~streamrag.embed.base.in_process`), and
@@ -162,8 +162,6 @@ class QueryBatcher:
         self._clock = clock
         self._waiting = 0  # queries handed to the workers and not answered yet (loop only)
         self._lone_s: float | None = None  # moving average of a lone query's time
-        self.inline = 0
-        """Queries answered on the event loop (no hand-off)."""
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
@@ -211,8 +209,10 @@ class QueryBatcher:
         lone = self._lone_s
         if self.inline_max_s <= 0 or lone is None or lone > self.inline_max_s:
             return None  # off, nothing measured yet, or lone queries lately too slow
-        if self._waiting or self._busy or not self._queue.empty():
-            return None  # not alone: the workers batch it with the others
+        if self._waiting or self._busy:
+            # Not alone (every queued query is counted in ``_waiting``): the
+            # workers batch it with the others.
+            return None
         reader = self.retrieval.pin()
         return reader if reader.in_process else None
 
@@ -223,7 +223,6 @@ class QueryBatcher:
         epoch, hits = reader.search_many(vectors, k, flt)
         took = self._clock() - started
         self._note_lone(took)
-        self.inline += 1
         self.retrieval.observe_query(took, 1, inline=True)
         return epoch, hits[0], vectors[0], reader.number
 
