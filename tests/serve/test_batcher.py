@@ -404,7 +404,12 @@ def test_a_query_arriving_while_a_worker_gathers_joins_its_batch(tmp_path: Path)
 
     async def scenario() -> str:
         await _a_batch_of_two(batcher, gate, calls)
+        # The worker may still be finishing the pair's batch, or be idle: c1 goes to
+        # it either way (inline off for this one query).
+        batcher.inline_max_s = 0
         first = asyncio.ensure_future(batcher.retrieve("c1", 1, flt))
+        await asyncio.sleep(0)  # one turn of the loop: c1 is queued
+        batcher.inline_max_s = 0.002
         # The worker took it and gathers (nothing queued, nothing embedding).
         await asyncio.to_thread(wait_for, batcher._queue.empty, 10, "c1 taken")
         await asyncio.wait_for(asyncio.gather(first, batcher.retrieve("c2", 1, flt)), 5)
