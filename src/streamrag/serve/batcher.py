@@ -141,6 +141,10 @@ class _Request:
     future: asyncio.Future[Retrieved]
 
 
+_Answer = tuple[_Request, Callable[[Any, Any], None], Any]
+"""A request, the function that settles its future (:func:`_resolve`, :func:`_fail`), its value."""
+
+
 class QueryBatcher:
     """Answers ``retrieve`` calls in batches on ``workers`` threads."""
 
@@ -303,22 +307,29 @@ class QueryBatcher:
                     break
                 batch.append(item)
             last_size = len(batch)
+            answers: list[_Answer] = []
             with self._busy_lock:
                 self._busy += 1
             try:
-                last_s = self._answer(batch)
+                last_s = self._answer(batch, answers)
             except Exception as exc:  # the worker outlives any one batch
                 log.exception("a batch of %d queries failed", len(batch))
-                for r in batch:
-                    _deliver(r, _fail, exc)
+                answers += [(r, _fail, exc) for r in batch]  # a query answered keeps its answer
             finally:
                 with self._busy_lock:
                     self._busy -= 1
+            # Idle before anyone hears back: a client's next query, sent the moment
+            # its answer arrives, finds no worker busy (it may run inline).
+            for r, fn, value in answers:
+                _deliver(r, fn, value)
             if stop:
                 return
 
-    def _answer(self, batch: list[_Request]) -> float:
-        """Embed, search and answer one batch; the seconds it took (0: nothing to do)."""
+    def _answer(self, batch: list[_Request], answers: list[_Answer]) -> float:
+        """Embed and search one batch, its answers added to ``answers``; the seconds it took.
+
+        0 when there was nothing to do. The answers are delivered by the caller.
+        """
         # Past their deadline, or their client went away: nobody waits for these.
         batch = [r for r in batch if not r.future.done()]
         if not batch:
@@ -329,8 +340,7 @@ class QueryBatcher:
         try:
             vectors = reader.embed_many([r.query for r in batch])
         except Exception as exc:  # delivered to each waiting request
-            for r in batch:
-                _deliver(r, _fail, exc)
+            answers += [(r, _fail, exc) for r in batch]
             return self._clock() - started
         groups: dict[tuple[int, SearchFilter], list[int]] = defaultdict(list)
         for i, req in enumerate(batch):
@@ -339,13 +349,11 @@ class QueryBatcher:
             try:
                 epoch, hits = reader.search_many(vectors[rows], k, flt)
             except Exception as exc:  # an epoch or as_of outside history, for this group
-                for i in rows:
-                    _deliver(batch[i], _fail, exc)
+                answers += [(batch[i], _fail, exc) for i in rows]
                 continue
             for i, h in zip(rows, hits, strict=True):
                 r = batch[i]
-                value = (epoch, h, vectors[i], reader.number)
-                _deliver(r, _resolve, value)
+                answers.append((r, _resolve, (epoch, h, vectors[i], reader.number)))
         took = self._clock() - started
         if len(batch) == 1:
             self._note_lone(took)
