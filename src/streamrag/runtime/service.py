@@ -116,6 +116,7 @@ class Service:
             self.pipeline,
             poll_interval_ms=settings.source.poll_interval_ms,
             wake_timeout_ms=settings.source.wake_timeout_ms,
+            share_core=settings.ingest.share_core,
         )
         self.started_us = self.clock.now_us()
 
