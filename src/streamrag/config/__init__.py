@@ -133,10 +133,7 @@ class IngestSettings(_Frozen):
         "default", min_length=1, description="Tenant of records that name none."
     )
     share_core: bool = Field(
-        True,
-        description="Run the reader and committer threads on one CPU (the last the process "
-        "may use; Linux): they take turns at Python's interpreter lock, which costs less on "
-        "one core than across two (a Python embedder ingested 10-15 % faster).",
+        True, description="Reader and committer on one CPU (Linux): cheaper turns at Python's lock."
     )
 
 

@@ -112,13 +112,18 @@ class Service:
         self.reindexer = Reindexer(self)
         for entry in self.book.others() if self.book is not None else []:
             self._attach(self._open(entry.number, entry))
-        self.runner = PipelineRunner(
+        self.runner = self._runner()
+        self.started_us = self.clock.now_us()
+
+    def _runner(self) -> PipelineRunner:
+        """The threads that run the pipeline live (read, commit), as the settings say."""
+        settings = self.settings
+        return PipelineRunner(
             self.pipeline,
             poll_interval_ms=settings.source.poll_interval_ms,
             wake_timeout_ms=settings.source.wake_timeout_ms,
             share_core=settings.ingest.share_core,
         )
-        self.started_us = self.clock.now_us()
 
     def _push_journal(self) -> PushJournal:
         """The journal that ``push``, ``upsert``, ``delete`` and ``POST /v1/documents`` fill."""
