@@ -16,6 +16,19 @@ import httpx
 import pytest
 
 
+def audit_records(state: Path) -> int:
+    """Epochs the job has committed, as lines of its append-only audit log under ``state``.
+
+    A commit proxy that only grows: the log of the index shrinks at each
+    checkpoint, so its size may stay below an earlier reading across many commits.
+    """
+    path = state / "audit" / "epochs.jsonl"
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

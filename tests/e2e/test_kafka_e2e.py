@@ -37,7 +37,7 @@ from streamrag.index import LsmIndex
 from streamrag.index.factory import lsm_spec
 from streamrag.ingest import DeadLetterStore
 from streamrag.runtime.cursor import Cursor
-from tests.e2e.conftest import Server, free_port, wait_for
+from tests.e2e.conftest import Server, audit_records, free_port, wait_for
 from tests.sources import kafka_broker
 from tests.sources.kafka_broker import CLIENT, Broker
 
@@ -107,11 +107,6 @@ index: {{checkpoint_every: {INDEX.checkpoint_every}, seal_rows: {INDEX.seal_rows
     return cfg
 
 
-def _wal_bytes(state: Path) -> int:
-    index = state / "index"
-    return sum(p.stat().st_size for p in index.glob("wal-*.log")) if index.exists() else 0
-
-
 def _durable(state: Path, topic: str) -> dict[int, int]:
     """Per partition, the first offset the job's durable cursor does not hold as done."""
     index = LsmIndex(64, lsm_spec(INDEX), path=state / "index")
@@ -130,9 +125,9 @@ def _durable(state: Path, topic: str) -> dict[int, int]:
 
 
 def _commit_after(state: Path, timeout: float, what: str) -> None:
-    """Wait until the job writes to its log again (a commit)."""
-    seen = _wal_bytes(state)
-    wait_for(lambda: _wal_bytes(state) > seen, timeout, what)
+    """Wait until the job commits another epoch."""
+    seen = audit_records(state)
+    wait_for(lambda: audit_records(state) > seen, timeout, what)
 
 
 def _producer(broker: Broker, topic: str, records: list[Any], stop: threading.Event) -> None:

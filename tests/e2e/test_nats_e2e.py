@@ -31,7 +31,7 @@ from streamrag.config import IndexSettings
 from streamrag.index import LsmIndex
 from streamrag.index.factory import lsm_spec
 from streamrag.ingest import DeadLetterStore
-from tests.e2e.conftest import Server, wait_for
+from tests.e2e.conftest import Server, audit_records, wait_for
 from tests.sources.test_nats import SERVER, Js, _up
 
 N = 4000
@@ -118,11 +118,6 @@ index: {{checkpoint_every: 16, seal_rows: 1024}}
     return cfg
 
 
-def _wal_bytes(state: Path) -> int:
-    index = state / "index"
-    return sum(p.stat().st_size for p in index.glob("wal-*.log")) if index.exists() else 0
-
-
 @pytest.mark.timeout(150)
 def test_sigkill_mid_stream_ends_with_the_published_state(
     tmp_path: Path,
@@ -156,9 +151,9 @@ def test_sigkill_mid_stream_ends_with_the_published_state(
             if not started_publishing:
                 publisher.start()
                 started_publishing = True
-            seen = _wal_bytes(state)
+            seen = audit_records(state)
             wait_for(
-                lambda: server.proc.poll() is not None or _wal_bytes(state) > seen,  # noqa: B023
+                lambda: server.proc.poll() is not None or audit_records(state) > seen,  # noqa: B023
                 60,
                 "a commit",
             )
