@@ -419,3 +419,38 @@ def test_a_query_arriving_while_a_worker_gathers_joins_its_batch(tmp_path: Path)
     assert calls == [["stalls"], ["b1", "b2"], ["c1", "c2"]]
     assert loop_thread not in threads
     assert _inline(svc) == 0
+
+
+def test_a_client_hears_back_only_once_its_worker_is_idle(tmp_path: Path) -> None:
+    """The answer waits for the worker's bookkeeping: the next query then finds it idle."""
+    svc = make_service(tmp_path)
+    entered, gate = threading.Event(), threading.Event()
+    observe = svc.observe_query
+
+    def held(seconds: float, queries: int, *, inline: bool = False) -> None:
+        if not inline:  # the worker's bookkeeping after a batch, held until the test looks
+            entered.set()
+            gate.wait(10)
+        observe(seconds, queries, inline=inline)
+
+    svc.observe_query = held
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> tuple[bool, int]:
+        first = asyncio.ensure_future(batcher.retrieve("backups", 1, flt))  # to the worker
+        # While the loop waits here it runs whatever the worker has handed it.
+        await asyncio.to_thread(entered.wait, 10)
+        heard_while_busy = first.done()
+        gate.set()
+        await asyncio.wait_for(first, 5)
+        busy_on_answer = batcher._busy
+        await batcher.retrieve("vault", 1, flt)  # sent on the answer: nobody else in flight
+        return heard_while_busy, busy_on_answer
+
+    heard_while_busy, busy_on_answer = _run_then_close(batcher, scenario(), gate)
+    assert not heard_while_busy
+    assert busy_on_answer == 0
+    assert _inline(svc) == 1
