@@ -174,8 +174,8 @@ class BatcherSettings(_Frozen):
     max_pending: int | None = Field(
         None,
         gt=0,
-        description="Chunks waiting before sources pause (backpressure); "
-        "default: 4 x max_batch_size.",
+        description="Chunks waiting before sources pause (backpressure); default: 4 x "
+        "max_batch_size (16 x with a worker that embeds ahead: embedder.ahead).",
     )
     max_pending_bytes: int = Field(
         64 << 20,

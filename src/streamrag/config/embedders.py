@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -70,4 +70,13 @@ class EmbedderSettings(_Frozen):
         2000,
         gt=0,
         description="With fast: switch to it above this wait, back below half of it.",
+    )
+    ahead: Literal["auto", "process", "off"] = Field(
+        "auto",
+        description="Embed queued chunks ahead of their commit in a worker process, so that "
+        "an embedder that computes in Python runs beside the job instead of taking turns "
+        "with it. auto: for embedders that say they hold the interpreter lock (hashing; "
+        "a class of your own with holds_gil = True), with two CPUs or more, once a "
+        "backlog fills the batcher; process: from the first change, for any embedder "
+        "that pickles; off: never. Queries always embed in the serving process.",
     )

@@ -34,6 +34,10 @@ class HashingEmbedder:
     in_process = True
     """Computes on this CPU, no I/O (see :func:`streamrag.embed.base.in_process`)."""
 
+    holds_gil = True
+    """Computes in Python, holding the interpreter lock: a job embeds its backlog in a
+    worker process (:mod:`streamrag.embed.ahead`)."""
+
     def __init__(self, dim: int = 384, *, max_cache: int = 1_000_000) -> None:
         if dim <= 0:
             msg = f"dim must be positive, found {dim}"
@@ -84,6 +88,10 @@ class HashingEmbedder:
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         np.divide(vectors, norms, out=vectors, where=norms > 0)
         return vectors
+
+    def __getstate__(self) -> dict[str, object]:
+        """Pickled without its word cache (a copy fills its own)."""
+        return {**self.__dict__, "_cache": {}}
 
     def __repr__(self) -> str:
         return f"HashingEmbedder(dim={self._dim})"

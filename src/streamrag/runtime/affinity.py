@@ -30,7 +30,19 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["ingest_cpu", "pin_this_thread"]
+__all__ = ["ingest_cpu", "pin_this_thread", "process_cpus"]
+
+
+def process_cpus() -> set[int]:
+    """The CPUs this process may use (all of them where the platform cannot say).
+
+    Asked of the process's main thread, so a pinned calling thread does not narrow it.
+    """
+    getter = getattr(os, "sched_getaffinity", None)
+    if getter is not None:
+        with contextlib.suppress(OSError):
+            return set(getter(os.getpid()))
+    return set(range(os.cpu_count() or 1))
 
 
 def ingest_cpu() -> int | None:

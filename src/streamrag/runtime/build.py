@@ -24,6 +24,7 @@ from streamrag.config import (
     Settings,
     SourceSpec,
 )
+from streamrag.embed.ahead import EmbedAhead, holds_gil
 from streamrag.embed.base import CountsTokens, Embedder, build_embedder
 from streamrag.embed.choice import EmbedderChoice
 from streamrag.embed.resilient import RetryPolicy
@@ -39,6 +40,7 @@ from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
 from streamrag.ingest.pii import Redactor
 from streamrag.ingest.schemas import schema_decoders
+from streamrag.runtime.affinity import ingest_cpu, process_cpus
 from streamrag.runtime.audit import EpochAudit, EpochAuditLog, pipeline_identity
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
@@ -50,6 +52,8 @@ from streamrag.sources.multi import MultiSource
 from streamrag.timing import US_PER_MS, Clock
 
 __all__ = [
+    "AHEAD_PENDING",
+    "build_ahead",
     "build_batcher",
     "build_choice",
     "build_decoders",
@@ -82,6 +86,7 @@ def build_pipeline(
     before they are journaled.
     """
     emb = settings.embedder
+    ahead = build_ahead(settings, embedder, clock, metrics)
     redact = build_redact(settings, metrics)
     if push is not None:
         push.redactor = redact.redactor
@@ -92,7 +97,7 @@ def build_pipeline(
         # Kept across restarts; a record refused again on a replay is stored once.
         dead_letters=DeadLetterStore(settings.dead_letter_path),
         clock=clock,
-        batcher=build_batcher(settings, clock),
+        batcher=build_batcher(settings, clock, ahead=ahead is not None),
         splitter=build_splitter(settings, embedder),
         decoder=build_decoders(settings),
         event_time=build_event_time(settings, clock),
@@ -111,6 +116,7 @@ def build_pipeline(
         window_side_output=settings.event_time.late_to_dead_letter,
         choice=choice,
         redact=redact,
+        ahead=ahead,
     )
 
 
@@ -278,15 +284,52 @@ def build_choice(settings: Settings, primary: Embedder, clock: Clock) -> Embedde
     )
 
 
-def build_batcher(settings: Settings, clock: Clock) -> MicroBatcher:
-    """The micro-batcher: its bounds, partition key, deadline, ticks and controller."""
+AHEAD_PENDING = 16
+"""Batches the batcher holds by default while a worker embeds ahead (else 4)."""
+
+
+def build_ahead(
+    settings: Settings, embedder: Embedder, clock: Clock, metrics: Metrics
+) -> EmbedAhead | None:
+    """The worker that embeds queued chunks ahead of their commit (``embedder.ahead``), or None.
+
+    ``auto`` takes one for an embedder that holds the interpreter lock, when
+    the process may use two CPUs or more; with ``ingest.share_core`` the worker
+    runs on the CPUs the ingest threads leave.
+    """
+    mode = settings.embedder.ahead
+    cpus = process_cpus()
+    if mode == "off" or (mode == "auto" and (not holds_gil(embedder) or len(cpus) < 2)):
+        return None
+    shared = ingest_cpu() if settings.ingest.share_core else None
+    b = settings.batcher
+    pending = b.max_pending or AHEAD_PENDING * b.max_batch_size
+    taken = metrics.embed_ahead
+    return EmbedAhead(
+        embedder,
+        limit=2 * pending,
+        request_size=b.max_batch_size,
+        cpus=cpus - {shared} if shared is not None else None,
+        eager=mode == "process",
+        clock=clock,
+        on_taken=lambda outcome, n: taken.labels(outcome=outcome).inc(n),
+    )
+
+
+def build_batcher(settings: Settings, clock: Clock, *, ahead: bool = False) -> MicroBatcher:
+    """The micro-batcher: its bounds, partition key, deadline, ticks and controller.
+
+    With a worker that embeds ahead, the batcher holds more (``AHEAD_PENDING``
+    batches by default): what waits in it is what the worker can embed while
+    the job commits.
+    """
     b = settings.batcher
     return MicroBatcher(
         max_batch_size=b.max_batch_size,
         max_delay_ms=b.max_delay_ms,
         clock=clock,
         max_batch_tokens=b.max_batch_tokens,
-        max_pending=b.max_pending or 4 * b.max_batch_size,
+        max_pending=b.max_pending or (AHEAD_PENDING if ahead else 4) * b.max_batch_size,
         max_pending_bytes=b.max_pending_bytes,
         partition=PartitionKey(tuple(b.partition_key), b.date_bucket_ms * US_PER_MS),
         controller=build_controller(settings),

@@ -9,7 +9,8 @@ A commit is five steps (:meth:`Committer.apply`):
    *reused* (the document's current chunk with the same content hash), *shared*
    (the same text earlier in this batch) or *embedded*?
 2. **Embed** what is new (:class:`Embedding`), in calls the adaptive controller
-   sizes, with retries, backoff and bisection
+   sizes — taking the vectors a worker process made ahead where it has them
+   all (:mod:`streamrag.embed.ahead`) — with retries, backoff and bisection
    (:func:`~streamrag.embed.resilient.embed_resilient`), on the embedder the
    :class:`~streamrag.embed.choice.EmbedderChoice` picks for the call (the
    configured one, its fallback while it fails, or a fast variant while changes
@@ -47,6 +48,7 @@ import numpy.typing as npt
 from streamrag.batching import AdaptiveController, PendingBatch
 from streamrag.changes import Op
 from streamrag.chunking import chunk_id
+from streamrag.embed.ahead import EmbedAhead
 from streamrag.embed.base import Embedder
 from streamrag.embed.choice import Choice, EmbedderChoice
 from streamrag.embed.resilient import EmbedOutcome, RetryPolicy, embed_resilient
@@ -218,8 +220,11 @@ class Embedding:
         queued: Callable[[], int] = lambda: 0,
         sleep: Callable[[float], None] = time.sleep,
         choice: EmbedderChoice | None = None,
+        ahead: EmbedAhead | None = None,
     ) -> None:
         self.choice = choice or EmbedderChoice(embedder, clock=clock)
+        self.ahead = ahead
+        """The worker process that embeds queued chunks before their commit, if any."""
         self.clock = clock
         self.metrics = metrics
         self.retry = retry or RetryPolicy()
@@ -234,6 +239,47 @@ class Embedding:
     def embedder(self) -> Embedder:
         """The configured embedder (the one whose vector space the index holds)."""
         return self.choice.primary
+
+    def _ahead(self) -> EmbedAhead | None:
+        """The worker, if it embeds for the configured embedder (not after a switch)."""
+        ahead = self.ahead
+        if ahead is None or ahead.version != self.choice.primary.version:
+            return None
+        return ahead
+
+    def send_ahead(self, prepared: Sequence[Prepared | None], *, backlog: bool) -> None:
+        """Hand the chunks of newly queued changes to the worker (:mod:`streamrag.embed.ahead`).
+
+        The worker is started by the first backlog (or the first change, when
+        eager) and started again after it died, every ``restart_s`` at most.
+        """
+        ahead = self._ahead()
+        if ahead is None:
+            return
+        if not ahead.ready:
+            if backlog or ahead.eager or ahead.started:
+                ahead.start()
+            return
+        ahead.submit([c for p in prepared if p is not None for c in p.chunks])
+
+    @property
+    def ahead_ready(self) -> bool:
+        """Whether a worker embeds ahead for the configured embedder now."""
+        ahead = self._ahead()
+        return ahead is not None and ahead.ready
+
+    def discard_ahead(self, pending: PendingBatch) -> None:
+        """The changes of ``pending`` are committed: the worker's vectors for them may go."""
+        ahead = self.ahead
+        if ahead is not None and ahead.started:
+            ahead.discard([c for p in pending.prepared if p is not None for c in p.chunks])
+
+    def ready_ahead(self, pending: PendingBatch) -> bool:
+        """Whether the worker has embedded every chunk of ``pending`` (False without one)."""
+        ahead = self._ahead()
+        if ahead is None or not ahead.ready:
+            return False
+        return ahead.ready_for([c for p in pending.prepared if p is not None for c in p.chunks])
 
     def fill(
         self,
@@ -254,11 +300,23 @@ class Embedding:
         when every embedder it may use fails for all texts.
         """
         poisoned: dict[int, str] = {}
+        ahead = self._ahead()
+        if ahead is not None and not ahead.started:
+            ahead = None
         for lo in range(0, len(slots), max(1, step)):
             part = slots[lo : lo + max(1, step)]
+            part_texts = [texts[s] for s in part]
+            got = ahead.take(part_texts, _AHEAD_WAIT_S) if ahead is not None else None
+            if got is not None and ahead is not None:  # made by the configured embedder
+                vectors[part] = got.vectors
+                if made_by is not None:
+                    for s in part:
+                        made_by[s] = ahead.version
+                self._observe(len(part), got.seconds, steady=True)
+                continue
             # Measured on the injected clock, so a test's synthetic embedder can set it.
             started = self.clock.now_us()
-            out, used = self._embed([texts[s] for s in part], lag_us)
+            out, used = self._embed(part_texts, lag_us)
             vectors[part] = out.vectors
             if made_by is not None:
                 for s in part:
@@ -309,6 +367,9 @@ class Embedding:
 
 
 _ONE_TRY = RetryPolicy(attempts=1)
+
+_AHEAD_WAIT_S = 30.0
+"""Longest a commit waits for the worker's vectors before it embeds them itself."""
 
 
 @dataclass(slots=True)

@@ -6,7 +6,10 @@ batch to the :class:`~.commit.Committer`, whose docstring says why a commit is
 exactly once. While a backlog waits and batches are already as large as
 allowed, one commit takes as many due micro-batches as the embedder gets
 through in the adaptive controller's latency target
-(:meth:`Flusher._backlog_room`). A failed commit puts its batch back at the
+(:meth:`Flusher._backlog_room`); while a worker process embeds ahead
+(:mod:`streamrag.embed.ahead`), only those it has already embedded, so that
+the commit does not wait for the worker while the worker embeds the next
+ones. A failed commit puts its batch back at the
 front of the batcher and its window output back in the outbox: nothing is
 lost, and the next flush tries again. After :meth:`Flusher.stop_by` it commits
 small batches (about half a second of embedding each) until the deadline and
@@ -53,16 +56,19 @@ class Flusher:
         """True after :meth:`stop_by`."""
         return self._stop_at is not None
 
-    def flush(self, *, force: bool = False) -> int:
+    def flush(self, *, force: bool = False, most: int | None = None) -> int:
         """Commit every batch that is due (every pending one if ``force``). Returns commits.
 
         With ``commit_interval_ms``, due batches wait until that long after the
         previous commit (or until the batcher is full) and are committed as one epoch.
+        ``most`` caps the commits this call makes.
         """
         p = self.p
         done = 0
         batcher = p.batcher
         while batcher.pending and (force or batcher.due()):
+            if most is not None and done >= most:
+                break
             if not force and self._interval_left() > 0 and not batcher.full:
                 break
             cap = None
@@ -71,6 +77,7 @@ class Flusher:
                     break  # the rest is read again on restart
                 cap = max(1, int(p.embedding.rate * 0.5)) if p.embedding.rate else 16
             room = 0 if cap is not None else self._backlog_room(force)
+            ahead = room > 0 and p.embedding.ahead_ready
             # From waiting to being embedded in one step: never in neither place or both.
             with p.ledger.moving():
                 taken = [batcher.take(cap)]
@@ -83,8 +90,12 @@ class Flusher:
                     and chunks + batcher.target_size <= room
                     and (force or batcher.due())
                 ):
-                    taken.append(batcher.take())
-                    chunks += taken[-1].chunks
+                    more = batcher.take()
+                    if ahead and not p.embedding.ready_ahead(more):
+                        batcher.put_back(more)  # the worker is still on it: the next commit's
+                        break
+                    taken.append(more)
+                    chunks += more.chunks
                 p.ledger.in_flight = sum(len(t.changes) for t in taken)
             self._commit(PendingBatch.merge(taken), grouped=len(taken) > 1)
             done += 1
@@ -131,6 +142,7 @@ class Flusher:
                 p.outbox.put_back(self._sealed)
             raise
         p.keeper.committed(done.cursor)
+        p.embedding.discard_ahead(pending)
         now = self._last_commit_at = p.clock.now_us()
         arrived = pending.first_arrival_us if len(pending.changes) else None
         p.ledger.committed(done.delta, now, arrived)  # applied or refused

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from streamrag.batching import MicroBatcher
 from streamrag.changes import ChangeBatch
@@ -34,6 +35,7 @@ from streamrag.runtime.stages import (
     DecodeStage,
     EventTimeStep,
     LetterSink,
+    Prepared,
     RedactStage,
 )
 from streamrag.runtime.stages import change_letter as _letter
@@ -43,6 +45,14 @@ from streamrag.timing import MIN_TIMESTAMP, US_PER_S, Clock, Timestamp
 __all__ = ["Intake", "WindowHook"]
 
 WindowHook = Callable[[str, WindowResult], None]
+
+
+class AheadHook(Protocol):
+    """Takes the chunks of changes just queued (:meth:`.commit.Embedding.send_ahead`)."""
+
+    def __call__(self, prepared: Sequence[Prepared | None], *, backlog: bool) -> None:
+        """Send them on; ``backlog`` says the batcher is full."""
+
 
 _MIN_READ = 1 << 14
 """Smallest read while the batcher is nearly full, so reading still makes progress.
@@ -72,12 +82,16 @@ class Intake:
         outbox: Outbox,
         max_read_bytes: int,
         redact: RedactStage | None = None,
+        ahead: AheadHook | None = None,
     ) -> None:
         self.reader, self.batcher, self.ledger, self.keeper = reader, batcher, ledger, keeper
         self.redact = redact or RedactStage(None)
         self.decode, self.chunk, self.windows, self.letters = decode, chunk, windows, letters
         self.metrics, self.clock, self.outbox = metrics, clock, outbox
         self.max_read_bytes = max_read_bytes
+        self.ahead = ahead
+        """Called with the changes just queued (and whether the batcher is full): their
+        chunks go to the worker that embeds ahead (:mod:`streamrag.embed.ahead`)."""
         self.paused_polls = 0  # polls skipped because the batcher was full
         self.drained = False
         """True when the last poll found nothing new (and no poll is under way)."""
@@ -193,6 +207,11 @@ class Intake:
                 [_letter(done.changes, i, "batch", reason) for i in range(len(done.changes))]
             )
             return 0
+        if self.ahead is not None:  # queued: a failure here costs a head start, nothing else
+            try:
+                self.ahead(done.prepared, backlog=self.batcher.full)
+            except Exception:
+                log.exception("the chunks could not be sent to the embedding worker")
         return sum(done.chunk_counts)
 
     def _refuse(self, letters: list[DeadLetter]) -> None:

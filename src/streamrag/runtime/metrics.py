@@ -155,6 +155,13 @@ class Metrics:
             "Embed calls the fallback made because the configured embedder failed.",
             registry=r,
         )
+        self.embed_ahead = Counter(
+            "streamrag_embed_ahead_texts_total",
+            "Texts a commit asked the embedding worker for: outcome ahead (its vectors "
+            "were taken) or missed (the commit embedded them itself).",
+            ["outcome"],
+            registry=r,
+        )
         self.backpressure = Gauge(
             "streamrag_backpressure",
             "1 while the batcher is full and sources are paused, else 0.",

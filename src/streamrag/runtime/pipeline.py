@@ -32,6 +32,7 @@ from typing import Any
 
 from streamrag.batching import MicroBatcher
 from streamrag.chunking import Splitter, TokenSplitter
+from streamrag.embed.ahead import EmbedAhead
 from streamrag.embed.base import Embedder
 from streamrag.embed.choice import EmbedderChoice
 from streamrag.embed.resilient import RetryPolicy
@@ -94,6 +95,7 @@ class Pipeline:
         window_side_output: bool = True,
         choice: EmbedderChoice | None = None,
         redact: RedactStage | None = None,
+        ahead: EmbedAhead | None = None,
     ) -> None:
         _check_dims(embedder, index)
         self.keeper = CursorKeeper(Cursor.from_mapping(cursor) if cursor else None, resume)
@@ -109,16 +111,7 @@ class Pipeline:
             event_time or EventTimeStage(WatermarkTracker(clock=clock)),
             _watermark_inputs(self.reader),
         )
-        self.embedding = Embedding(
-            embedder,
-            clock=clock,
-            metrics=self.metrics,
-            retry=retry,
-            sleep=sleep,
-            controller=self.batcher.controller,
-            queued=lambda: self.batcher.pending_chunks,
-            choice=choice,
-        )
+        self.embedding = self._embedding(embedder, retry, sleep, choice, ahead)
         self.committer = Committer(
             index, self.embedding, history=history, store_letters=self.letters.refused
         )
@@ -129,6 +122,26 @@ class Pipeline:
         if self.keeper.cursor is not None:  # counts, watermarks and windows as committed
             self.ledger.restore(self.keeper.cursor.stats)
             self.keeper.restore(self.event_time)
+
+    def _embedding(
+        self,
+        embedder: Embedder,
+        retry: RetryPolicy | None,
+        sleep: Callable[[float], None],
+        choice: EmbedderChoice | None,
+        ahead: EmbedAhead | None,
+    ) -> Embedding:
+        return Embedding(
+            embedder,
+            clock=self.clock,
+            metrics=self.metrics,
+            retry=retry,
+            sleep=sleep,
+            controller=self.batcher.controller,
+            queued=lambda: self.batcher.pending_chunks,
+            choice=choice,
+            ahead=ahead,
+        )
 
     def _intake(
         self,
@@ -153,6 +166,7 @@ class Pipeline:
             outbox=self.outbox,
             max_read_bytes=max_read_bytes,
             redact=redact,
+            ahead=self.embedding.send_ahead if self.embedding.ahead is not None else None,
         )
 
     @property
@@ -195,9 +209,12 @@ class Pipeline:
 
     # -- committing: batcher → plan → embed → one WAL record ----------------------
 
-    def flush(self, *, force: bool = False) -> int:
-        """Commit every batch that is due (every pending one if ``force``). Returns commits."""
-        return self.flusher.flush(force=force)
+    def flush(self, *, force: bool = False, most: int | None = None) -> int:
+        """Commit every batch that is due (every pending one if ``force``). Returns commits.
+
+        ``most`` caps the commits this call makes.
+        """
+        return self.flusher.flush(force=force, most=most)
 
     def stop_by(self, deadline_us: Timestamp) -> None:
         """Stop gracefully: commit small batches until ``deadline_us``, then no more."""
@@ -208,11 +225,18 @@ class Pipeline:
         return self.flusher.wait_us()
 
     def run_until_caught_up(self, *, final: bool = True) -> None:
-        """Read the source to its current end and commit everything (a bounded replay)."""
+        """Read the source to its current end and commit everything (a bounded replay).
+
+        While a worker embeds ahead (:mod:`streamrag.embed.ahead`), a full
+        batcher gets one commit (of what the worker has embedded) and then
+        another read, so that the worker embeds the next changes while this
+        thread commits and reads.
+        """
+        embedding = self.embedding
         while True:
             read = self.poll(final=final)
             while self.batcher.full:
-                self.flush(force=True)
+                self.flush(force=True, most=1 if embedding.ahead_ready else None)
                 read += self.poll(final=final)
             if read == 0:
                 break
@@ -256,6 +280,8 @@ class Pipeline:
         finally:
             self.reader.close()
             self.letters.close()
+            if self.embedding.ahead is not None:
+                self.embedding.ahead.close()
 
 
 def _check_dims(embedder: Embedder, index: VectorIndex) -> None:

@@ -268,6 +268,8 @@ class Service:
             pipeline.index = committer.index = new.index
             pipeline.embedder = new.embedder
             pipeline.embedding.choice = new.choice
+            if pipeline.embedding.ahead is not None:  # it embeds for the old model
+                pipeline.embedding.ahead.close()
             self._attach(old)
         for hook in self.on_switch:
             hook(new)
