@@ -295,3 +295,25 @@ def test_auto_takes_a_worker_for_an_embedder_that_holds_the_lock_only() -> None:
     assert ahead("auto", CountingEmbedder()) is None  # says nothing: in-process
     assert ahead("off", HashingEmbedder()) is None
     assert ahead("process", CountingEmbedder()) is not None
+
+
+def test_a_worker_that_gets_ready_is_sent_the_changes_that_waited(tmp_path: Path) -> None:
+    lines = _stream(600)
+    service = _service(
+        tmp_path,
+        "w",
+        lines,
+        **{"embedder.class": "hashing", "embedder.ahead": "process", "source.max_read_bytes": 8192},
+    )
+    pipeline = service.pipeline
+    ahead = pipeline.embedding.ahead
+    assert ahead is not None
+    pipeline.poll()  # starts the worker (eager); nothing is sent before it is ready
+    assert ahead.started
+    assert ahead.wait_ready(READY_S)
+    waited = pipeline.batcher.pending_chunks
+    assert waited > 0
+    pipeline.run_until_caught_up()
+    assert _taken(service, "missed") == 0  # what waited went to the worker with the next read
+    assert _taken(service, "ahead") == service.status()["counts"]["chunks_embedded"]
+    service.stop()

@@ -227,6 +227,11 @@ class MicroBatcher:
             offsets.sort()
         return out
 
+    def waiting_prepared(self) -> list[Any]:
+        """What was prepared for every waiting change (None for a delete), in queue order."""
+        with self._lock:
+            return [p for q in self._queues.values() for seg in q.segments for p in seg.prepared]
+
     @property
     def partitions(self) -> int:
         """Partitions with changes waiting."""

@@ -204,6 +204,7 @@ class EmbedAhead:
                 return False
             self._started_at = now
             self.started = True
+            self._where.clear()  # the new worker is sent all that waits (Embedding.send_ahead)
             self._worker = self._spawn(hello)
             return True
 

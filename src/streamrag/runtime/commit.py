@@ -221,10 +221,14 @@ class Embedding:
         sleep: Callable[[float], None] = time.sleep,
         choice: EmbedderChoice | None = None,
         ahead: EmbedAhead | None = None,
+        waiting: Callable[[], Sequence[Prepared | None]] = list,
     ) -> None:
         self.choice = choice or EmbedderChoice(embedder, clock=clock)
         self.ahead = ahead
         """The worker process that embeds queued chunks before their commit, if any."""
+        self.waiting = waiting
+        """What was prepared for the changes that wait in the batcher."""
+        self._sent_to: int | None = None  # the worker that got what waits
         self.clock = clock
         self.metrics = metrics
         self.retry = retry or RetryPolicy()
@@ -252,6 +256,7 @@ class Embedding:
 
         The worker is started by the first backlog (or the first change, when
         eager) and started again after it died, every ``restart_s`` at most.
+        Once ready, it also gets the changes that waited meanwhile.
         """
         ahead = self._ahead()
         if ahead is None:
@@ -260,6 +265,9 @@ class Embedding:
             if backlog or ahead.eager or ahead.started:
                 ahead.start()
             return
+        if ahead.pid != self._sent_to:  # a worker newly ready: it gets all that waits
+            self._sent_to = ahead.pid
+            prepared = self.waiting()  # these changes included
         ahead.submit([c for p in prepared if p is not None for c in p.chunks])
 
     @property

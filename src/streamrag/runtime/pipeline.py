@@ -141,6 +141,7 @@ class Pipeline:
             queued=lambda: self.batcher.pending_chunks,
             choice=choice,
             ahead=ahead,
+            waiting=self.batcher.waiting_prepared,
         )
 
     def _intake(
