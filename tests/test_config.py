@@ -104,3 +104,11 @@ def test_window_triggers_and_the_global_window() -> None:
 def test_window_trigger_settings_are_validated(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         _window(**fields)
+
+
+def test_a_bare_off_in_yaml_turns_embedding_ahead_off(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("embedder:\n  ahead: off\n", encoding="utf-8")  # YAML reads it as false
+    assert load_settings(cfg, environ={}).embedder.ahead == "off"
+    env = {"STREAMRAG_EMBEDDER__AHEAD": "on"}
+    assert load_settings(environ=env).embedder.ahead == "process"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from streamrag.config.base import Frozen as _Frozen
 
@@ -80,3 +80,13 @@ class EmbedderSettings(_Frozen):
         "backlog fills the batcher; process: from the first change, for any embedder "
         "that pickles; off: never. Queries always embed in the serving process.",
     )
+
+    @field_validator("ahead", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: object) -> object:
+        """YAML reads a bare ``off`` as false (and ``on`` as true): take them as meant."""
+        if value is False:
+            return "off"
+        if value is True:
+            return "process"
+        return value

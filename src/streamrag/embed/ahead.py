@@ -101,6 +101,17 @@ class _Entry:
     refs: int = 1
 
 
+def _by_request(entries: Sequence[_Entry | None]) -> dict[_Request, tuple[list[int], list[int]]]:
+    """The slots of ``entries`` and their rows, by request (one or two for most calls)."""
+    out: dict[_Request, tuple[list[int], list[int]]] = {}
+    for slot, entry in enumerate(entries):
+        assert entry is not None  # the caller checked
+        slots, rows = out.setdefault(entry.req, ([], []))
+        slots.append(slot)
+        rows.append(entry.row)
+    return out
+
+
 @dataclass(slots=True)
 class _Worker:
     proc: subprocess.Popen[bytes]
@@ -382,19 +393,17 @@ class EmbedAhead:
             entries = [where.get(t) for t in texts]
             if not texts or any(e is None for e in entries):
                 return self._taken(None, len(texts))
-            reqs = {id(e.req): e.req for e in entries if e is not None}.values()
+            reqs = {e.req for e in entries if e is not None}
             if not self._cond.wait_for(lambda: all(r.done for r in reqs), timeout_s):
                 return self._taken(None, len(texts))
             if any(r.failed for r in reqs):
                 return self._taken(None, len(texts))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         seconds = 0.0
-        for i, entry in enumerate(entries):
-            assert entry is not None  # checked above
-            req = entry.req
+        for req, (slots, rows) in _by_request(entries).items():
             assert req.vectors is not None  # done and not failed
-            out[i] = req.vectors[entry.row]
-            seconds += req.seconds / len(req.texts)
+            out[slots] = req.vectors[rows]
+            seconds += req.seconds * len(rows) / len(req.texts)
         return self._taken(Ahead(out, seconds), len(texts))
 
     def _taken(self, got: Ahead | None, n: int) -> Ahead | None:

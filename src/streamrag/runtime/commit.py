@@ -276,6 +276,12 @@ class Embedding:
         ahead = self._ahead()
         return ahead is not None and ahead.ready
 
+    @property
+    def ahead_started(self) -> bool:
+        """Whether a worker was started for the configured embedder (and not refused)."""
+        ahead = self._ahead()
+        return ahead is not None and ahead.started and ahead.refused is None
+
     def discard_ahead(self, pending: PendingBatch) -> None:
         """The changes of ``pending`` are committed: the worker's vectors for them may go."""
         ahead = self.ahead

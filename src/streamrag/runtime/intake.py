@@ -51,7 +51,7 @@ class AheadHook(Protocol):
     """Takes the chunks of changes just queued (:meth:`.commit.Embedding.send_ahead`)."""
 
     def __call__(self, prepared: Sequence[Prepared | None], *, backlog: bool) -> None:
-        """Send them on; ``backlog`` says the batcher is full."""
+        """Send them on; ``backlog`` says a whole batch or more waits in the batcher."""
 
 
 _MIN_READ = 1 << 14
@@ -90,8 +90,8 @@ class Intake:
         self.metrics, self.clock, self.outbox = metrics, clock, outbox
         self.max_read_bytes = max_read_bytes
         self.ahead = ahead
-        """Called with the changes just queued (and whether the batcher is full): their
-        chunks go to the worker that embeds ahead (:mod:`streamrag.embed.ahead`)."""
+        """Called with the changes just queued (and whether a backlog waits: a whole batch
+        or more): their chunks go to the worker that embeds ahead (:mod:`streamrag.embed.ahead`)."""
         self.paused_polls = 0  # polls skipped because the batcher was full
         self.drained = False
         """True when the last poll found nothing new (and no poll is under way)."""
@@ -209,7 +209,8 @@ class Intake:
             return 0
         if self.ahead is not None:  # queued: a failure here costs a head start, nothing else
             try:
-                self.ahead(done.prepared, backlog=self.batcher.full)
+                b = self.batcher
+                self.ahead(done.prepared, backlog=b.pending_chunks >= b.max_batch_size or b.full)
             except Exception:
                 log.exception("the chunks could not be sent to the embedding worker")
         return sum(done.chunk_counts)

@@ -228,7 +228,7 @@ class Pipeline:
     def run_until_caught_up(self, *, final: bool = True) -> None:
         """Read the source to its current end and commit everything (a bounded replay).
 
-        While a worker embeds ahead (:mod:`streamrag.embed.ahead`), a full
+        Once a worker embeds ahead (:mod:`streamrag.embed.ahead`), a full
         batcher gets one commit (of what the worker has embedded) and then
         another read, so that the worker embeds the next changes while this
         thread commits and reads.
@@ -237,7 +237,7 @@ class Pipeline:
         while True:
             read = self.poll(final=final)
             while self.batcher.full:
-                self.flush(force=True, most=1 if embedding.ahead_ready else None)
+                self.flush(force=True, most=1 if embedding.ahead_started else None)
                 read += self.poll(final=final)
             if read == 0:
                 break
