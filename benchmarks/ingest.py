@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import yaml
 
 from streamrag.config import load_settings
 from streamrag.embed.base import Embedder, build_embedder
@@ -103,7 +104,13 @@ def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
 
 
 def time_pipeline(
-    name: str, dim: int, jsonl: Path, batch: int, state: Path, index_kind: str = "lsm"
+    name: str,
+    dim: int,
+    jsonl: Path,
+    batch: int,
+    state: Path,
+    index_kind: str = "lsm",
+    extra: dict[str, Any] | None = None,
 ) -> tuple[float, Service]:
     """Seconds for a fresh Service to replay ``jsonl``, and the service."""
     overrides: dict[str, Any] = {
@@ -112,6 +119,7 @@ def time_pipeline(
         "state_dir": str(state),
         "batcher.max_batch_size": batch,
         "index.kind": index_kind,
+        **(extra or {}),
     }
     if name == "hashing":
         overrides["embedder.args"] = {"dim": dim}
@@ -162,7 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=Path, help="JSON list of queries: also time search")
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--index-kind", default="lsm", help="lsm (the default) | exact")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another setting for the pipeline (dotted key, YAML value), e.g. embedder.ahead=off",
+    )
     a = p.parse_args(argv)
+    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a.set)}
     tag = f"[ingest {a.label or a.embedder}]"
 
     docs, lines = read_upsert_texts(a.jsonl)
@@ -182,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
             raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
             gc.collect()
             elapsed, service = time_pipeline(
-                a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}", a.index_kind
+                *(a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}", a.index_kind),
+                extra,
             )
             pipe_s.append(elapsed)
             body = service.status()
@@ -205,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "embedder": a.embedder,
         "index_kind": a.index_kind,
+        "settings": extra,
         "changes": lines,
         "texts": len(texts),
         "documents": len(docs),

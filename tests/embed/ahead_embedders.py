@@ -7,6 +7,7 @@ can be loaded in the worker, which imports them by name.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,3 +53,33 @@ class OtherVersion(HashingEmbedder):
     def version(self) -> str:
         """Its version here; another one in a worker process."""
         return super().version + ("" if os.getpid() == self.home else "-elsewhere")
+
+
+class Undeclared:
+    """The hashing embedder behind a class that says nothing of the interpreter lock."""
+
+    def __init__(self, dim: int = 32) -> None:
+        self._inner = HashingEmbedder(dim=dim)
+
+    @property
+    def dim(self) -> int:
+        """Vector length."""
+        return self._inner.dim
+
+    @property
+    def version(self) -> str:
+        """The hashing embedder's version."""
+        return self._inner.version
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Embed in Python, holding the lock."""
+        return self._inner.embed_many(texts)
+
+
+class Waiting(Undeclared):
+    """Says nothing either, and waits 2 ms a call with the lock released (as on a network)."""
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Wait, then embed."""
+        time.sleep(0.002)
+        return super().embed_many(texts)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from streamrag.config import load_settings
-from streamrag.embed.ahead import EmbedAhead
+from streamrag.embed.ahead import LOCK_FREE, EmbedAhead
 from streamrag.embed.base import check_vectors
 from streamrag.embed.hashing import HashingEmbedder
 from streamrag.runtime.affinity import process_cpus
@@ -26,7 +26,14 @@ from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.replay import index_digest
 from streamrag.runtime.service import Service
 from streamrag.testing import CountingEmbedder, ManualClock, change_line
-from tests.embed.ahead_embedders import POISON, OtherVersion, Poisoned, Recording
+from tests.embed.ahead_embedders import (
+    POISON,
+    OtherVersion,
+    Poisoned,
+    Recording,
+    Undeclared,
+    Waiting,
+)
 
 READY_S = 60.0  # a bound for a worker to start: a cold interpreter on a busy machine
 
@@ -290,11 +297,54 @@ def test_auto_takes_a_worker_for_an_embedder_that_holds_the_lock_only() -> None:
         settings = load_settings(overrides={"embedder.ahead": mode}, environ={})
         return build_ahead(settings, embedder, clock, metrics)
 
-    two_cpus = len(process_cpus()) >= 2
-    assert (ahead("auto", HashingEmbedder()) is not None) is two_cpus
-    assert ahead("auto", CountingEmbedder()) is None  # says nothing: in-process
+    if len(process_cpus()) < 2:
+        assert ahead("auto", HashingEmbedder()) is None  # no second CPU to embed on
+        return
+    said = ahead("auto", HashingEmbedder())
+    assert said is not None
+    assert not said.measure  # it says it holds the lock
+    unsaid = ahead("auto", CountingEmbedder())
+    assert unsaid is not None
+    assert unsaid.measure  # measured at the first backlog
+    assert ahead("auto", Releasing()) is None  # it says it does not
     assert ahead("off", HashingEmbedder()) is None
-    assert ahead("process", CountingEmbedder()) is not None
+    forced = ahead("process", Releasing())
+    assert forced is not None
+    assert not forced.measure
+
+
+class Releasing(HashingEmbedder):
+    holds_gil = False
+
+
+@pytest.mark.skipif(len(process_cpus()) < 2, reason="measures what a second CPU does")
+def test_the_lock_is_measured_for_an_embedder_that_does_not_say() -> None:
+    texts = _texts(64)
+    python = EmbedAhead(Undeclared(), measure=True)
+    assert python.holds_lock(texts)
+    assert python.lock_free is not None
+    assert python.lock_free < LOCK_FREE
+    waiting = EmbedAhead(Waiting(), measure=True)
+    assert not waiting.holds_lock(texts)
+    assert waiting.refused is not None
+    assert "released" in waiting.refused
+    assert not waiting.start()
+
+
+@pytest.mark.skipif(len(process_cpus()) < 2, reason="measures what a second CPU does")
+def test_auto_embeds_ahead_for_a_python_embedder_that_does_not_say(tmp_path: Path) -> None:
+    lines = _stream(1200)
+    emb = f"{Undeclared.__module__}:Undeclared"
+    service = _service(tmp_path, "u", lines, **{"embedder.class": emb})
+    pipeline = service.pipeline
+    ahead = pipeline.embedding.ahead
+    assert ahead is not None
+    pipeline.poll()  # a backlog: measured, then started
+    assert ahead.started
+    assert ahead.wait_ready(READY_S)
+    pipeline.run_until_caught_up()
+    assert _taken(service, "ahead") > 0
+    service.stop()
 
 
 def test_a_worker_that_gets_ready_is_sent_the_changes_that_waited(tmp_path: Path) -> None:

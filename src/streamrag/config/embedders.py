@@ -75,10 +75,10 @@ class EmbedderSettings(_Frozen):
         "auto",
         description="Embed queued chunks ahead of their commit in a worker process, so that "
         "an embedder that computes in Python runs beside the job instead of taking turns "
-        "with it. auto: for embedders that say they hold the interpreter lock (hashing; "
-        "a class of your own with holds_gil = True), with two CPUs or more, once a "
-        "backlog fills the batcher; process: from the first change, for any embedder "
-        "that pickles; off: never. Queries always embed in the serving process.",
+        "with it. auto: once a whole batch waits, with two CPUs or more, for an embedder "
+        "that holds the interpreter lock (hashing says so; one that says nothing is "
+        "measured); process: from the first change, for any embedder that pickles; off: "
+        "never. Queries always embed in the serving process.",
     )
 
     @field_validator("ahead", mode="before")

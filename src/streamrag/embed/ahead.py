@@ -31,6 +31,7 @@ a lone query costs microseconds and no hop.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -39,6 +40,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -51,7 +53,7 @@ from streamrag.embed.ahead_worker import read_frame, write_frame
 from streamrag.embed.base import Embedder
 from streamrag.timing import US_PER_S, Clock, SystemClock
 
-__all__ = ["Ahead", "EmbedAhead", "holds_gil"]
+__all__ = ["LOCK_FREE", "Ahead", "EmbedAhead", "holds_gil", "lock_free_share"]
 
 log = logging.getLogger("streamrag.embed.ahead")
 
@@ -59,15 +61,89 @@ _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 """One thread per call in the worker, as in the job (a process of its own is the parallelism)."""
 
 
-def holds_gil(embedder: object) -> bool:
+def holds_gil(embedder: object) -> bool | None:
     """Whether ``embedder`` says it computes in Python, holding the interpreter lock.
 
-    A class says so with ``holds_gil = True`` (:class:`~.hashing.HashingEmbedder`).
-    Embedders that compute in native code and release the lock (ONNX Runtime,
-    PyTorch) or wait on the network gain nothing from a process of their own
-    that would hold a second copy of the model, and do not say it.
+    A class says so with ``holds_gil = True`` (:class:`~.hashing.HashingEmbedder`),
+    or ``holds_gil = False`` when it computes in native code that releases the
+    lock (ONNX Runtime, PyTorch) or waits on the network: a process of its own
+    would gain nothing and hold a second copy of the model. None: it does not
+    say (:func:`lock_free_share` measures it).
     """
-    return getattr(type(embedder), "holds_gil", False) is True
+    said = getattr(type(embedder), "holds_gil", None)
+    return said if isinstance(said, bool) else None
+
+
+LOCK_FREE = 0.4
+"""Below this :func:`lock_free_share`, an embedder computes holding the interpreter lock."""
+
+
+def lock_free_share(
+    embedder: Embedder, texts: Sequence[str], *, cpus: set[int] | None = None, least_s: float = 0.03
+) -> float:
+    """How much of its work ``embed_many`` does with the interpreter lock released, measured.
+
+    The calls run alone, then beside a thread that counts in Python and hands
+    the lock on every few microseconds (``time.sleep(0)``); that thread also
+    counts alone. Each runs at least ``least_s``, unpinned (on ``cpus``). Two
+    threads that both compute in Python share one interpreter, so their rates
+    beside each other, as fractions of their rates alone, add up to about one;
+    an embedder that computes in native code with the lock released, or waits
+    on I/O, keeps its pace beside the counter on another CPU, and the fractions
+    add up to about two. The share is that sum less one: measured on a 2-core
+    host, 0.0–0.2 for the hashing embedder and a numpy hashing embedder, 0.8–0.9
+    for MiniLM through ONNX Runtime, 1.0 for one that waits on I/O.
+    """
+    texts = list(texts)
+    stop = threading.Event()
+    counted: list[float] = []
+
+    def count() -> None:
+        _pin(cpus)
+        n, started, nap = 0, time.perf_counter(), time.sleep
+        while not stop.is_set():
+            for _ in range(200):
+                n += 1
+            nap(0)  # hands the lock on: neither thread waits out a switch interval
+        counted.append(n / (time.perf_counter() - started))
+
+    def calls() -> float:
+        _pin(cpus)
+        n, started = 0, time.perf_counter()
+        while (took := time.perf_counter() - started) < least_s or not n:
+            embedder.embed_many(texts)
+            n += 1
+        return n / took
+
+    def counting(during: Callable[[], float] | None) -> float:
+        stop.clear()
+        counter = threading.Thread(target=count, name="streamrag-lock-probe")
+        counter.start()
+        try:
+            return during() if during is not None else float(stop.wait(least_s))
+        finally:
+            stop.set()
+            counter.join()
+
+    with concurrent.futures.ThreadPoolExecutor(1, "streamrag-lock-probe") as pool:
+        pool.submit(embedder.embed_many, texts).result()  # warm: caches, lazy loads
+        alone = pool.submit(calls).result()
+        counting(None)
+        beside = counting(lambda: pool.submit(calls).result())
+    return max(0.0, min(1.0, beside / alone + counted[1] / counted[0] - 1.0))
+
+
+def _all_cpus() -> set[int] | None:
+    """The CPUs of the process (its main thread's), where the platform says."""
+    with contextlib.suppress(OSError, AttributeError):
+        return set(os.sched_getaffinity(os.getpid()))
+    return None
+
+
+def _pin(cpus: set[int] | None) -> None:
+    if cpus:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setaffinity(0, cpus)
 
 
 @dataclass(slots=True)
@@ -141,6 +217,7 @@ class EmbedAhead:
         request_size: int = 256,
         restart_s: float = 30.0,
         eager: bool = False,
+        measure: bool = False,
         cpus: set[int] | None = None,
         clock: Clock | None = None,
         on_taken: Callable[[str, int], None] | None = None,
@@ -151,6 +228,11 @@ class EmbedAhead:
         self.restart_us = int(restart_s * US_PER_S)
         self.eager = eager
         """Start with the first change (else once a backlog fills the batcher)."""
+        self.measure = measure
+        """Measure whether the embedder holds the interpreter lock before the first start
+        (:meth:`holds_lock`): for one that does not say (:func:`holds_gil`)."""
+        self.lock_free: float | None = None
+        """The share :func:`lock_free_share` measured, once it was."""
         self.cpus = cpus
         """The CPUs the worker may run on (None: those of the job)."""
         self.clock = clock or SystemClock()
@@ -190,6 +272,32 @@ class EmbedAhead:
                 lambda: self.ready or self.refused is not None or self.pid is None, timeout_s
             )
         return self.ready
+
+    def holds_lock(self, texts: Sequence[str]) -> bool:
+        """Whether a worker would help: the embedder computes holding the interpreter lock.
+
+        Without :attr:`measure`, yes (it said so, or the job asked for a worker).
+        Otherwise it is measured once on ``texts`` (:func:`lock_free_share`,
+        about 0.1 s); an embedder that releases the lock is left in-process.
+        """
+        if not self.measure:
+            return True
+        if self.lock_free is None:
+            self.lock_free = lock_free_share(self.embedder, texts[:64], cpus=_all_cpus())
+            if self.lock_free >= LOCK_FREE:
+                self._refuse(
+                    f"{type(self.embedder).__name__} computes with the interpreter lock "
+                    f"released ({self.lock_free:.0%} of its work, measured): a worker "
+                    "process would not help"
+                )
+            else:
+                log.info(
+                    "%s computes holding the interpreter lock (%.0f%% of its work released, "
+                    "measured): embedding ahead in a worker process",
+                    type(self.embedder).__name__,
+                    100 * self.lock_free,
+                )
+        return self.refused is None
 
     def start(self) -> bool:
         """Start the worker unless one runs, or was started less than ``restart_s`` ago.

@@ -127,6 +127,8 @@ class _RemoteEmbedder:
     _route = ""
     _protocol = ""
     model: str | None = None
+    holds_gil = False
+    """Waits on the network with the interpreter lock released: no worker process."""
 
     def __init__(
         self,

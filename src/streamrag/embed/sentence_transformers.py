@@ -46,6 +46,10 @@ class SentenceTransformerEmbedder:
     in_process = True
     """Computes on this CPU, no I/O (see :func:`streamrag.embed.base.in_process`)."""
 
+    holds_gil = False
+    """Computes in native code that releases the interpreter lock: no worker process
+    (:mod:`streamrag.embed.ahead`) would gain from a second copy of the model."""
+
     def __init__(
         self,
         model: str = DEFAULT_MODEL,

@@ -293,13 +293,15 @@ def build_ahead(
 ) -> EmbedAhead | None:
     """The worker that embeds queued chunks ahead of their commit (``embedder.ahead``), or None.
 
-    ``auto`` takes one for an embedder that holds the interpreter lock, when
-    the process may use two CPUs or more; with ``ingest.share_core`` the worker
-    runs on the CPUs the ingest threads leave.
+    ``auto`` takes one for an embedder that holds the interpreter lock — it
+    says so, or, when it says nothing, a measurement at the first backlog
+    shows it — when the process may use two CPUs or more; with
+    ``ingest.share_core`` the worker runs on the CPUs the ingest threads leave.
     """
     mode = settings.embedder.ahead
     cpus = process_cpus()
-    if mode == "off" or (mode == "auto" and (not holds_gil(embedder) or len(cpus) < 2)):
+    said = holds_gil(embedder)
+    if mode == "off" or (mode == "auto" and (said is False or len(cpus) < 2)):
         return None
     shared = ingest_cpu() if settings.ingest.share_core else None
     b = settings.batcher
@@ -311,6 +313,7 @@ def build_ahead(
         request_size=b.max_batch_size,
         cpus=cpus - {shared} if shared is not None else None,
         eager=mode == "process",
+        measure=mode == "auto" and said is None,
         clock=clock,
         on_taken=lambda outcome, n: taken.labels(outcome=outcome).inc(n),
     )

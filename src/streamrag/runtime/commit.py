@@ -229,6 +229,7 @@ class Embedding:
         self.waiting = waiting
         """What was prepared for the changes that wait in the batcher."""
         self._sent_to: int | None = None  # the worker that got what waits
+        self._catching_up = threading.Lock()
         self.clock = clock
         self.metrics = metrics
         self.retry = retry or RetryPolicy()
@@ -255,20 +256,35 @@ class Embedding:
         """Hand the chunks of newly queued changes to the worker (:mod:`streamrag.embed.ahead`).
 
         The worker is started by the first backlog (or the first change, when
-        eager) and started again after it died, every ``restart_s`` at most.
+        eager) if the embedder holds the interpreter lock (said or measured:
+        :meth:`~streamrag.embed.ahead.EmbedAhead.holds_lock`), and started
+        again after it died, every ``restart_s`` at most.
         Once ready, it also gets the changes that waited meanwhile.
         """
         ahead = self._ahead()
         if ahead is None:
             return
         if not ahead.ready:
-            if backlog or ahead.eager or ahead.started:
+            if ahead.started or (
+                (backlog or ahead.eager)
+                and ahead.holds_lock([c for p in prepared if p is not None for c in p.chunks])
+            ):
                 ahead.start()
             return
-        if ahead.pid != self._sent_to:  # a worker newly ready: it gets all that waits
+        if not self.catch_up_ahead():  # else these were sent with all that waits
+            ahead.submit([c for p in prepared if p is not None for c in p.chunks])
+
+    def catch_up_ahead(self) -> bool:
+        """Send a worker that is newly ready all that waits in the batcher; True if it did."""
+        ahead = self._ahead()
+        if ahead is None or not ahead.ready or ahead.pid == self._sent_to:
+            return False
+        with self._catching_up:  # the reader's thread and the committer's may both ask
+            if ahead.pid == self._sent_to:
+                return False
             self._sent_to = ahead.pid
-            prepared = self.waiting()  # these changes included
-        ahead.submit([c for p in prepared if p is not None for c in p.chunks])
+            ahead.submit([c for p in self.waiting() if p is not None for c in p.chunks])
+        return True
 
     @property
     def ahead_ready(self) -> bool:

@@ -66,6 +66,7 @@ class Flusher:
         p = self.p
         done = 0
         batcher = p.batcher
+        p.embedding.catch_up_ahead()  # a worker that got ready since: what waits is its
         while batcher.pending and (force or batcher.due()):
             if most is not None and done >= most:
                 break
