@@ -367,3 +367,15 @@ def test_a_worker_that_gets_ready_is_sent_the_changes_that_waited(tmp_path: Path
     assert _taken(service, "missed") == 0  # what waited went to the worker with the next read
     assert _taken(service, "ahead") == service.status()["counts"]["chunks_embedded"]
     service.stop()
+
+
+def test_a_signal_to_the_job_s_process_group_leaves_the_worker_to_its_job(started: Any) -> None:
+    ahead = started()
+    pid = ahead.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGINT)  # what a Ctrl-C sends the whole group
+    os.kill(pid, signal.SIGTERM)  # ... and a supervisor
+    texts = _texts(20)
+    ahead.submit(texts)
+    assert ahead.take(texts, timeout_s=READY_S) is not None
+    assert ahead.pid == pid

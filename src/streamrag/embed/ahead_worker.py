@@ -13,6 +13,8 @@ pipes in frames (a 4-byte little-endian length, then a MessagePack body):
 
 It ends when the request pipe closes: when the job closes it, and when the job
 dies (the kernel closes a dead process's pipes), so no worker outlives its job.
+It ignores SIGINT and SIGTERM, which a terminal or a supervisor sends to the
+job's whole process group: the job stops gracefully and then closes the pipe.
 Its standard output and error are the job's; nothing is read from them.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pickle  # the hello comes from our own parent process, over a private pipe
+import signal
 import struct
 import sys
 import time
@@ -86,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     """Serve requests on the two pipe descriptors named in ``argv``."""
     args = sys.argv[1:] if argv is None else argv
     read_fd, write_fd = int(args[0]), int(args[1])
+    # A Ctrl-C or a SIGTERM to the job's process group is for the job: it stops
+    # gracefully, and the worker ends when the job closes its pipe (or dies).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     with os.fdopen(read_fd, "rb") as requests, os.fdopen(write_fd, "wb") as answers:
         try:
             return _serve(requests, answers)

@@ -266,13 +266,12 @@ class Embedding:
             return
         if not ahead.ready:
             if ahead.started or (
-                (backlog or ahead.eager)
-                and ahead.holds_lock([c for p in prepared if p is not None for c in p.chunks])
+                (backlog or ahead.eager) and ahead.holds_lock(_texts_of(prepared))
             ):
                 ahead.start()
             return
         if not self.catch_up_ahead():  # else these were sent with all that waits
-            ahead.submit([c for p in prepared if p is not None for c in p.chunks])
+            ahead.submit(_texts_of(prepared))
 
     def catch_up_ahead(self) -> bool:
         """Send a worker that is newly ready all that waits in the batcher; True if it did."""
@@ -283,7 +282,7 @@ class Embedding:
             if ahead.pid == self._sent_to:
                 return False
             self._sent_to = ahead.pid
-            ahead.submit([c for p in self.waiting() if p is not None for c in p.chunks])
+            ahead.submit(_texts_of(self.waiting()))
         return True
 
     @property
@@ -302,14 +301,14 @@ class Embedding:
         """The changes of ``pending`` are committed: the worker's vectors for them may go."""
         ahead = self.ahead
         if ahead is not None and ahead.started:
-            ahead.discard([c for p in pending.prepared if p is not None for c in p.chunks])
+            ahead.discard(_texts_of(pending.prepared))
 
     def ready_ahead(self, pending: PendingBatch) -> bool:
         """Whether the worker has embedded every chunk of ``pending`` (False without one)."""
         ahead = self._ahead()
         if ahead is None or not ahead.ready:
             return False
-        return ahead.ready_for([c for p in pending.prepared if p is not None for c in p.chunks])
+        return ahead.ready_for(_texts_of(pending.prepared))
 
     def fill(
         self,
@@ -397,6 +396,12 @@ class Embedding:
 
 
 _ONE_TRY = RetryPolicy(attempts=1)
+
+
+def _texts_of(prepared: Sequence[Prepared | None]) -> list[str]:
+    """The chunk texts of prepared changes, in order (a delete has none)."""
+    return [c for p in prepared if p is not None for c in p.chunks]
+
 
 _AHEAD_WAIT_S = 30.0
 """Longest a commit waits for the worker's vectors before it embeds them itself."""

@@ -270,6 +270,7 @@ class Service:
             pipeline.embedding.choice = new.choice
             if pipeline.embedding.ahead is not None:  # it embeds for the old model
                 pipeline.embedding.ahead.close()
+                pipeline.embedding.ahead = None
             self._attach(old)
         for hook in self.on_switch:
             hook(new)
