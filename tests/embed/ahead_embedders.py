@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.embed.hashing import HashingEmbedder
+from streamrag.testing import CountingEmbedder
 
 POISON = "zzpoison"
 """A word the poisoned embedder refuses, in whichever process it runs."""
@@ -55,29 +56,8 @@ class OtherVersion(HashingEmbedder):
         return super().version + ("" if os.getpid() == self.home else "-elsewhere")
 
 
-class Undeclared:
-    """The hashing embedder behind a class that says nothing of the interpreter lock."""
-
-    def __init__(self, dim: int = 32) -> None:
-        self._inner = HashingEmbedder(dim=dim)
-
-    @property
-    def dim(self) -> int:
-        """Vector length."""
-        return self._inner.dim
-
-    @property
-    def version(self) -> str:
-        """The hashing embedder's version."""
-        return self._inner.version
-
-    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        """Embed in Python, holding the lock."""
-        return self._inner.embed_many(texts)
-
-
-class Waiting(Undeclared):
-    """Says nothing either, and waits 2 ms a call with the lock released (as on a network)."""
+class Waiting(CountingEmbedder):
+    """Says nothing of the lock, and waits 2 ms a call with it released (as on a network)."""
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Wait, then embed."""

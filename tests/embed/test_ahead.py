@@ -31,7 +31,6 @@ from tests.embed.ahead_embedders import (
     OtherVersion,
     Poisoned,
     Recording,
-    Undeclared,
     Waiting,
 )
 
@@ -320,7 +319,7 @@ class Releasing(HashingEmbedder):
 @pytest.mark.skipif(len(process_cpus()) < 2, reason="measures what a second CPU does")
 def test_the_lock_is_measured_for_an_embedder_that_does_not_say() -> None:
     texts = _texts(64)
-    python = EmbedAhead(Undeclared(), measure=True)
+    python = EmbedAhead(CountingEmbedder(), measure=True)  # says nothing of the lock
     assert python.holds_lock(texts)
     assert python.lock_free is not None
     assert python.lock_free < LOCK_FREE
@@ -334,7 +333,7 @@ def test_the_lock_is_measured_for_an_embedder_that_does_not_say() -> None:
 @pytest.mark.skipif(len(process_cpus()) < 2, reason="measures what a second CPU does")
 def test_auto_embeds_ahead_for_a_python_embedder_that_does_not_say(tmp_path: Path) -> None:
     lines = _stream(1200)
-    emb = f"{Undeclared.__module__}:Undeclared"
+    emb = "streamrag.testing:CountingEmbedder"  # Python (hashing) that says nothing of the lock
     service = _service(tmp_path, "u", lines, **{"embedder.class": emb})
     pipeline = service.pipeline
     ahead = pipeline.embedding.ahead
