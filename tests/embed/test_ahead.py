@@ -6,6 +6,7 @@ Every test runs a real worker (``python -m streamrag.embed.ahead_worker``).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -232,6 +233,7 @@ def _taken(service: Service, outcome: str) -> float:
 
 def test_a_replay_with_the_worker_equals_one_without(tmp_path: Path) -> None:
     lines = _stream(1200)
+    random.Random(3).shuffle(lines)  # versions late, before and after their deletes
     emb = f"{Recording.__module__}:Recording"
     worked = _service(
         tmp_path, "ahead", lines, **{"embedder.class": emb, "embedder.ahead": "process"}
@@ -378,3 +380,26 @@ def test_a_signal_to_the_job_s_process_group_leaves_the_worker_to_its_job(starte
     ahead.submit(texts)
     assert ahead.take(texts, timeout_s=READY_S) is not None
     assert ahead.pid == pid
+
+
+def test_a_live_job_with_a_worker_ends_with_the_index_a_replay_makes(tmp_path: Path) -> None:
+    lines = _stream(2400)
+    random.Random(5).shuffle(lines)
+    live = _service(
+        tmp_path, "live", lines, **{"embedder.class": "hashing", "source.max_read_bytes": 16384}
+    )
+    replayed = _service(tmp_path, "replayed", lines, **{"embedder.class": "hashing"})
+    replayed.pipeline.run_until_caught_up()
+    ahead = live.pipeline.embedding.ahead
+    assert ahead is not None
+    assert ahead.start()
+    assert ahead.wait_ready(READY_S)  # (started by the first backlog otherwise)
+    live.start()  # the reader and committer threads
+    deadline = time.monotonic() + READY_S
+    while not live.pipeline.caught_up and time.monotonic() < deadline:
+        time.sleep(0.01)  # waits for the job to catch up, bounded
+    assert live.pipeline.caught_up
+    live.stop()
+    assert index_digest(live.index) == index_digest(replayed.index)
+    assert _taken(live, "ahead") > 0
+    replayed.stop()
