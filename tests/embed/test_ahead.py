@@ -254,6 +254,7 @@ def test_a_replay_with_the_worker_equals_one_without(tmp_path: Path) -> None:
 
 def test_a_poisoned_text_is_dead_lettered_and_the_rest_committed(tmp_path: Path) -> None:
     lines = _stream(600, poison_at=450)
+    random.Random(7).shuffle(lines)
     emb = f"{Poisoned.__module__}:Poisoned"
     service = _service(tmp_path, "p", lines, **{"embedder.class": emb, "embedder.ahead": "process"})
     _run_ahead(service)

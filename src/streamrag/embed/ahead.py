@@ -19,9 +19,9 @@ It is only ever a head start, never the authority:
   or refused by the worker's embedder — the call is embedded in-process exactly
   as without a worker, with its retries and its isolation of a bad text
   (:mod:`streamrag.embed.resilient`);
-* the worker builds the same embedder (the same class and arguments, or a
-  pickled copy of the object) and must report the same ``version``, so a
-  vector is the same whichever process made it (stream = batch);
+* the worker gets a pickled copy of the embedder and must report the same
+  ``version``, so a vector is the same whichever process made it (stream =
+  batch);
 * a worker that dies is started again at most every ``restart_s``; meanwhile,
   everything is embedded in-process.
 
@@ -91,8 +91,8 @@ def lock_free_share(
     an embedder that computes in native code with the lock released, or waits
     on I/O, keeps its pace beside the counter on another CPU, and the fractions
     add up to about two. The share is that sum less one: measured on a 2-core
-    host, 0.0–0.2 for the hashing embedder and a numpy hashing embedder, 0.8–0.9
-    for MiniLM through ONNX Runtime, 1.0 for one that waits on I/O.
+    host, 0.0–0.2 for the hashing embedder and a numpy hashing embedder,
+    0.97–1.0 for MiniLM through ONNX Runtime and for one that waits on I/O.
     """
     texts = list(texts)
     stop = threading.Event()
@@ -241,8 +241,9 @@ class EmbedAhead:
         self.started = False
         """Whether a worker was ever started (it may be starting, ready or gone since)."""
         self.refused: str | None = None
-        """Why this job embeds in-process for good (the factory does not pickle, or the
-        worker's embedder is another one); None while the worker may help."""
+        """Why this job embeds in-process for good (the embedder does not pickle, the
+        worker's embedder is another one, or it releases the lock); None while the
+        worker may help."""
         self._cond = threading.Condition()
         self._where: dict[str, _Entry] = {}
         self._ids = 0

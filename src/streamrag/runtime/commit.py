@@ -246,11 +246,15 @@ class Embedding:
         return self.choice.primary
 
     def _ahead(self) -> EmbedAhead | None:
-        """The worker, if it embeds for the configured embedder (not after a switch)."""
+        """The worker, if it may embed for the configured embedder.
+
+        None after a generation switch, and once it is refused (the embedder
+        releases the lock, does not pickle): reads then spend nothing on it.
+        """
         ahead = self.ahead
-        if ahead is None or ahead.version != self.choice.primary.version:
+        if ahead is None or ahead.refused is not None:
             return None
-        return ahead
+        return ahead if ahead.version == self.choice.primary.version else None
 
     def send_ahead(self, prepared: Sequence[Prepared | None], *, backlog: bool) -> None:
         """Hand the chunks of newly queued changes to the worker (:mod:`streamrag.embed.ahead`).
@@ -295,7 +299,7 @@ class Embedding:
     def ahead_started(self) -> bool:
         """Whether a worker was started for the configured embedder (and not refused)."""
         ahead = self._ahead()
-        return ahead is not None and ahead.started and ahead.refused is None
+        return ahead is not None and ahead.started
 
     def discard_ahead(self, pending: PendingBatch) -> None:
         """The changes of ``pending`` are committed: the worker's vectors for them may go."""
