@@ -49,6 +49,7 @@ from streamrag.config.answer import (
 from streamrag.config.audit import AuditSettings
 from streamrag.config.base import Frozen as _Frozen
 from streamrag.config.embedders import EmbedderSettings, EmbedderSpec
+from streamrag.config.index import IndexSettings
 from streamrag.config.redaction import RedactionSettings
 from streamrag.config.schemas import SchemaSettings
 from streamrag.config.security import SecuritySettings
@@ -210,85 +211,6 @@ class BatcherSettings(_Frozen):
     min_batch_size: int = Field(1, gt=0, description="Smallest target the controller sets.")
     target_embed_ms: float = Field(
         200.0, gt=0, description="Embed latency per batch the adaptive controller aims for."
-    )
-
-
-class IndexSettings(_Frozen):
-    """The vector index: an LSM of segments with epochs, history and persistence."""
-
-    kind: Literal["lsm", "exact"] = Field(
-        "lsm",
-        description="'lsm': segments, ANN, as_of/epoch reads, persistence in <state_dir>/index; "
-        "'exact': the in-memory exact index (no history, rebuilt on every start).",
-    )
-    persist: bool = Field(
-        True, description="Keep the LSM index in <state_dir>/index and reopen it on start."
-    )
-    ann: Literal["auto", "exact"] = Field(
-        "auto",
-        description="'auto': HNSW for mid-size sealed segments, IVF-PQ for large ones; "
-        "'exact': scan every segment exactly.",
-    )
-    history: Literal["full", "current"] = Field(
-        "full",
-        description="'full': every change is a version (as_of reads answer what the documents "
-        "said at any time within retention_s); 'current': keep only each document's newest "
-        "version (cheaper: superseded changes are not embedded; no as_of).",
-    )
-    seal_rows: int = Field(
-        8192, gt=0, description="Rows of a growing (exactly searched) segment before it is sealed."
-    )
-    ann_min_rows: int = Field(
-        32_768,
-        gt=0,
-        description="Sealed segments of at least this many rows get an ANN structure; smaller "
-        "ones are scanned exactly (32k rows: ~1.5 ms a query here, and never wrong).",
-    )
-    half_copies: bool = Field(
-        True,
-        description="Once the vectors scanned exactly pass 16 MiB, sealed segments scanned "
-        "exactly keep a half-precision copy, through which single queries scan half the "
-        "bytes, still exactly (1.5x here; 50% more memory for those vectors).",
-    )
-    ivfpq_min_rows: int = Field(
-        2_000_000,
-        gt=0,
-        description="Sealed segments of at least this many rows get IVF-PQ, not HNSW.",
-    )
-    hnsw_m: int = Field(32, gt=1, description="HNSW links per node.")
-    hnsw_ef_construction: int = Field(100, gt=0, description="HNSW beam width while building.")
-    hnsw_ef_search: int = Field(
-        64, gt=0, description="HNSW beam width per query (recall@10 ≥ 0.95 up to 1M rows)."
-    )
-    ivf_nprobe: int = Field(16, gt=0, description="IVF lists probed per query.")
-    compact_fanout: int = Field(
-        4, ge=2, description="Segments of one size tier merged into one by compaction."
-    )
-    max_segment_rows: int = Field(
-        4_000_000, gt=0, description="Compaction never builds a larger segment."
-    )
-    retention_s: int = Field(
-        7 * 86_400,
-        ge=0,
-        description="History kept for as_of and epoch reads, back from the newest event time.",
-    )
-    checkpoint_every: int = Field(
-        256, gt=0, description="Commits between checkpoints (the write-ahead log covers the rest)."
-    )
-    on_corruption: Literal["refuse", "rebuild"] = Field(
-        "refuse",
-        description="When a state file fails its checksum on start: 'refuse' to open (the error "
-        "names the file); 'rebuild': move the damaged index aside and rebuild it by reading the "
-        "sources again from their start (files can be; a queue whose messages were acked "
-        "cannot).",
-    )
-    wal_fsync: bool = Field(
-        True,
-        description="fsync the write-ahead log on every commit (off: faster, but a power "
-        "loss may lose the last commits).",
-    )
-    initial_capacity: int = Field(
-        1024, gt=0, description="'exact' index only: rows allocated up front; grows x2."
     )
 
 
