@@ -6,6 +6,7 @@ Every test runs a real worker (``python -m streamrag.embed.ahead_worker``).
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -14,11 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 
 from streamrag.config import load_settings
 from streamrag.embed.ahead import LOCK_FREE, EmbedAhead
+from streamrag.embed.ahead_worker import read_frame, write_frame
 from streamrag.embed.base import check_vectors
 from streamrag.embed.hashing import HashingEmbedder
 from streamrag.runtime.affinity import process_cpus
@@ -181,6 +184,29 @@ def test_no_worker_outlives_a_killed_job() -> None:
     while _stat_state(worker) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.01)  # waits for the worker to see its pipe close, bounded
     assert _stat_state(worker) in (None, "Z")
+
+
+def test_a_worker_whose_job_is_gone_while_it_answers_ends_without_a_traceback() -> None:
+    # A SIGKILLed job leaves its worker writing into a closed pipe; the worker shares
+    # the job's log, where a traceback would read as the job's own failure.
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "streamrag.embed.ahead_worker", str(req_r), str(ans_w)],
+        pass_fds=(req_r, ans_w),
+        stderr=subprocess.PIPE,
+    )
+    os.close(req_r)
+    os.close(ans_w)
+    embedder = pickle.dumps(HashingEmbedder(dim=16))
+    with os.fdopen(req_w, "wb") as requests, os.fdopen(ans_r, "rb") as answers:
+        write_frame(requests, msgspec.msgpack.encode({"path": sys.path, "embedder": embedder}))
+        assert b"ready" in (read_frame(answers) or b"")
+        answers.close()  # the job is gone: nobody reads what the worker answers
+        write_frame(requests, msgspec.msgpack.encode({"id": 1, "texts": _texts(50)}))
+    _, err = worker.communicate(timeout=READY_S)
+    assert worker.returncode == 0, err
+    assert b"Traceback" not in err, err.decode()
 
 
 # -- in the pipeline -------------------------------------------------------------------

@@ -96,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     with os.fdopen(read_fd, "rb") as requests, os.fdopen(write_fd, "wb") as answers:
         try:
             return _serve(requests, answers)
-        except BrokenPipeError:  # the job is gone
+        except BrokenPipeError:  # the job is gone (killed while this answered): end quietly
+            # The answer left in the buffer would fail again when the file closes;
+            # it goes to /dev/null instead (what Python's docs advise for SIGPIPE).
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, answers.fileno())
+            os.close(devnull)
             return 0
 
 
