@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import machine_info
-from server import ServerProcess
+from server import ROLES, ServerProcess, cores_during
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_714_521_600
@@ -76,41 +75,11 @@ def _writer(path: Path, stop: threading.Event, start: int, rate: int) -> None:
         stop.wait(0.1)
 
 
-_ROLES = (
-    ("ingest", ("streamrag-read", "streamrag-commit", "streamrag-pipeline", "streamrag-watch")),
-    ("maintenance", ("streamrag-index-maintenance",)),
-    ("query workers", ("streamrag-query-",)),
-    ("event loop", ("MainThread",)),
-)
-
-
-def _by_role(threads: dict[str, float]) -> dict[str, float]:
-    """CPU seconds by thread, summed by the role of each thread (``_ROLES``)."""
-    out: dict[str, float] = {}
-    for thread, seconds in threads.items():
-        role = next((r for r, names in _ROLES if thread.startswith(names)), "other threads")
-        out[role] = out.get(role, 0.0) + seconds
-    return out
-
-
-def _children_cpu() -> float:
-    """CPU seconds of the child processes waited for so far (the load generator)."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def _phase(
     client: httpx.Client, server: ServerProcess, queries: Path, concurrency: int, duration: float
 ) -> dict[str, Any]:
     """One load run, with the cores each part of the server and the load generator used."""
-    cpu0, kids0, t0 = _by_role(server.thread_cpu(client)), _children_cpu(), time.perf_counter()
-    result = _load(server.url, queries, concurrency, duration)
-    cpu1 = _by_role(server.thread_cpu(client))
-    kids1, wall = _children_cpu(), time.perf_counter() - t0
-    cores = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / wall for role in cpu1}
-    cores["load generator"] = (kids1 - kids0) / wall
-    result["cores"] = cores
-    return result
+    return cores_during(server, client, lambda: _load(server.url, queries, concurrency, duration))
 
 
 def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[str, Any]:
@@ -241,9 +210,9 @@ def markdown(results: dict[str, Any]) -> str:
         "thread, from `streamrag_thread_cpu_seconds_total`):",
         "",
         "| embedder | phase | "
-        + " | ".join(r for r, _ in _ROLES)
+        + " | ".join(r for r, _ in ROLES)
         + " | other threads | load generator |",
-        "|---|---|" + "---:|" * (len(_ROLES) + 2),
+        "|---|---|" + "---:|" * (len(ROLES) + 2),
     ]
     for name, r in results["cases"].items():
         for label, key in (
@@ -252,7 +221,7 @@ def markdown(results: dict[str, Any]) -> str:
             ("at rest after", "at_rest_after"),
         ):
             cores = r[key].get("cores", {})
-            cells = [f"{cores.get(role, 0.0):.2f}" for role, _ in _ROLES]
+            cells = [f"{cores.get(role, 0.0):.2f}" for role, _ in ROLES]
             cells += [
                 f"{cores.get('other threads', 0.0):.2f}",
                 f"{cores.get('load generator', 0.0):.2f}",

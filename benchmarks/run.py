@@ -604,6 +604,20 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
                         target,
                     ),
                 ]
+                own = r.get("raw_at_clients_batch_qps")
+                if own and mode == "batching_on" and c > 1:
+                    rows.append(
+                        Row(
+                            sec,
+                            f"QPS / raw at {c // sv['workers']} a batch ({own:,.0f} QPS)",
+                            r.get("ratio_to_raw_at_clients_batch"),
+                            "×",
+                        )
+                    )
+                cores = r.get("cores")
+                if cores:
+                    workers = cores.get("query workers")
+                    rows.append(Row(sec, "cores used by query workers", workers, ""))
     t = res.get("tldr")
     if t:
         sec = f"tldr-changes events.late ({t['changes']:,} changes)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -16,9 +17,59 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["MAINTENANCE_THREAD", "ServerProcess", "free_port", "wait_idle"]
+__all__ = [
+    "MAINTENANCE_THREAD",
+    "ROLES",
+    "ServerProcess",
+    "children_cpu",
+    "cores_during",
+    "cpu_by_role",
+    "free_port",
+    "wait_idle",
+]
 
 MAINTENANCE_THREAD = "streamrag-index-maintenance"
+
+ROLES = (
+    ("ingest", ("streamrag-read", "streamrag-commit", "streamrag-pipeline", "streamrag-watch")),
+    ("maintenance", ("streamrag-index-maintenance",)),
+    ("query workers", ("streamrag-query-",)),
+    ("event loop", ("MainThread",)),
+)
+"""The server's threads by role (their name prefixes); the rest are "other threads"."""
+
+
+def cpu_by_role(threads: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by thread, summed by the role of each thread (:data:`ROLES`)."""
+    out: dict[str, float] = {}
+    for thread, seconds in threads.items():
+        role = next((r for r, names in ROLES if thread.startswith(names)), "other threads")
+        out[role] = out.get(role, 0.0) + seconds
+    return out
+
+
+def children_cpu() -> float:
+    """CPU seconds of the child processes waited for so far (a load generator)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cores_during(
+    server: ServerProcess, client: httpx.Client, run: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """``run()``'s result with ``cores``: what each role of the server used, and the children.
+
+    Cores are CPU seconds over the wall time of ``run``; the load generator is
+    the child processes this process waited for meanwhile.
+    """
+    cpu0, kids0, t0 = cpu_by_role(server.thread_cpu(client)), children_cpu(), time.perf_counter()
+    result = run()
+    cpu1 = cpu_by_role(server.thread_cpu(client))
+    kids1, wall = children_cpu(), time.perf_counter() - t0
+    cores = {role: (cpu1.get(role, 0.0) - cpu0.get(role, 0.0)) / wall for role in cpu1}
+    cores["load generator"] = (kids1 - kids0) / wall
+    result["cores"] = cores
+    return result
 
 
 def wait_idle(cpu_seconds: Callable[[], float], timeout: float = 120) -> float | None:

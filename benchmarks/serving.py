@@ -6,16 +6,18 @@ exists to spend that cost once for many queries. This section measures
 
 * the **raw batched throughput**: in its own process, nothing else running,
   ``Service.retrieve_many`` (one ``embed_many`` call and one batched search)
-  over batches of 1, 16 and 64 queries, on one thread and on
+  over batches of 1, 8, 16, 32 and 64 queries, on one thread and on
   ``serve.query_workers`` threads at once; the best batch size on that many
-  threads is the ceiling;
+  threads is the ceiling (8 is what 16 clients split over two workers make);
 * the **server**: ``streamrag run`` with MiniLM over the bundled sample corpus,
   driven by ``loadgen.py`` (its own process, keep-alive connections, closed
   loop) at concurrency 1, 16 and 64, once with micro-batching on
   (``serve.max_batch`` 64, ``serve.max_wait_ms`` 2) and once off
   (``serve.max_batch`` 1: every query embedded and searched alone);
 
-and reports QPS, p50/p99 latency and achieved QPS / raw QPS (goal ≥ 0.8).
+and reports QPS, p50/p99 latency and achieved QPS / raw QPS (goal ≥ 0.8), and
+the cores the server's threads (by role) and the load generator used under
+each load.
 The two servers share one index directory: the second reopens what the first
 built. ``python benchmarks/serving.py raw --config C --queries Q`` is the raw
 measurement on its own (one JSON object on stdout).
@@ -24,6 +26,7 @@ measurement on its own (one JSON object on stdout).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -38,7 +41,7 @@ from typing import Any
 
 import httpx
 import yaml
-from server import ServerProcess
+from server import ServerProcess, cores_during
 
 HERE = Path(__file__).resolve().parent
 WORKERS = 2
@@ -109,7 +112,7 @@ def raw_throughput(config: Path, queries: list[str], budget_s: float, k: int) ->
 
     points = []
     for threads in (1, WORKERS):
-        for batch in (1, 16, 32, 64):
+        for batch in (1, 8, 16, 32, 64):
             qps = run(batch, threads)
             points.append({"batch": batch, "threads": threads, "qps": qps})
             print(f"raw: batch {batch}, {threads} thread(s): {qps:.0f} QPS", file=sys.stderr)
@@ -159,7 +162,7 @@ def serving_section(
                 log(section, f"{mode}: ready after {ready:.1f} s, {chunks} chunks")
                 for c in concurrencies:
                     before = _batches(client, srv.url)
-                    r = loadgen(srv.url, qfile, c)
+                    r = cores_during(srv, client, functools.partial(loadgen, srv.url, qfile, c))
                     after = _batches(client, srv.url)
                     n = after[1] - before[1]
                     r["server_batches"] = n
@@ -187,9 +190,15 @@ def serving_section(
     # as many threads as the server has query workers; the best batch size.
     ceiling = max(p["qps"] for p in raw["points"] if p["threads"] == WORKERS)
     out["raw_ceiling_qps"] = ceiling
+    # What the clients' own batch size allows: c closed-loop clients over WORKERS
+    # workers make batches of c / WORKERS at most, slower a query than the best size.
+    at_batch = {p["batch"]: p["qps"] for p in raw["points"] if p["threads"] == WORKERS}
     for mode in out["modes"].values():
         for r in mode["load"]:
             r["ratio_to_raw"] = r["qps"] / ceiling if ceiling else None
+            own = at_batch.get(max(1, r["concurrency"] // WORKERS))
+            r["raw_at_clients_batch_qps"] = own
+            r["ratio_to_raw_at_clients_batch"] = r["qps"] / own if own else None
     log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")
     return out
 
