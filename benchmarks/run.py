@@ -609,7 +609,7 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
                     rows.append(
                         Row(
                             sec,
-                            f"QPS / raw at {c // sv['workers']} a batch ({own:,.0f} QPS)",
+                            f"QPS / raw at {r['clients_batch']} a batch ({own:,.0f} QPS)",
                             r.get("ratio_to_raw_at_clients_batch"),
                             "×",
                         )

@@ -196,7 +196,8 @@ def serving_section(
     for mode in out["modes"].values():
         for r in mode["load"]:
             r["ratio_to_raw"] = r["qps"] / ceiling if ceiling else None
-            own = at_batch.get(max(1, r["concurrency"] // WORKERS))
+            r["clients_batch"] = size = max(1, r["concurrency"] // WORKERS)
+            own = at_batch.get(size)
             r["raw_at_clients_batch_qps"] = own
             r["ratio_to_raw_at_clients_batch"] = r["qps"] / own if own else None
     log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")

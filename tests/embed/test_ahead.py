@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from streamrag.config import load_settings
-from streamrag.embed.ahead import LOCK_FREE, EmbedAhead
+from streamrag.embed.ahead import LOCK_FREE, EmbedAhead, agreed_share
 from streamrag.embed.ahead_worker import read_frame, write_frame
 from streamrag.embed.base import check_vectors
 from streamrag.embed.hashing import HashingEmbedder
@@ -186,9 +186,11 @@ def test_no_worker_outlives_a_killed_job() -> None:
     assert _stat_state(worker) in (None, "Z")
 
 
-def test_a_worker_whose_job_is_gone_while_it_answers_ends_without_a_traceback() -> None:
-    # A SIGKILLed job leaves its worker writing into a closed pipe; the worker shares
-    # the job's log, where a traceback would read as the job's own failure.
+@pytest.mark.parametrize("dies", ["while it answers", "halfway through a request"])
+def test_a_worker_whose_job_is_gone_ends_without_a_traceback(dies: str) -> None:
+    # A SIGKILLed job leaves its worker writing into a closed pipe, or reading half a
+    # frame; the worker shares the job's log, where a traceback would read as the
+    # job's own failure.
     req_r, req_w = os.pipe()
     ans_r, ans_w = os.pipe()
     worker = subprocess.Popen(
@@ -203,7 +205,12 @@ def test_a_worker_whose_job_is_gone_while_it_answers_ends_without_a_traceback() 
         write_frame(requests, msgspec.msgpack.encode({"path": sys.path, "embedder": embedder}))
         assert b"ready" in (read_frame(answers) or b"")
         answers.close()  # the job is gone: nobody reads what the worker answers
-        write_frame(requests, msgspec.msgpack.encode({"id": 1, "texts": _texts(50)}))
+        frames = [msgspec.msgpack.encode({"id": i, "texts": _texts(50, f"r{i}")}) for i in range(2)]
+        if dies == "while it answers":
+            for frame in frames:  # the second is never read: the first answer fails
+                write_frame(requests, frame)
+        else:
+            requests.write(len(frames[0]).to_bytes(4, "little") + frames[0][:10])
     _, err = worker.communicate(timeout=READY_S)
     assert worker.returncode == 0, err
     assert b"Traceback" not in err, err.decode()
@@ -343,6 +350,28 @@ def test_auto_takes_a_worker_for_an_embedder_that_holds_the_lock_only() -> None:
 
 class Releasing(HashingEmbedder):
     holds_gil = False
+
+
+@pytest.mark.parametrize(
+    ("shares", "agreed", "made"),
+    [
+        ([0.5, 0.1, 0.05], 0.075, 3),  # a busy host's outlier is outvoted
+        ([0.1, 0.2, 0.9], 0.15, 2),  # two agree: no third measurement
+        ([0.9, 0.2, 1.0], 0.95, 3),
+    ],
+)
+def test_one_noisy_measurement_does_not_decide_the_lock(
+    shares: list[float], agreed: float, made: int
+) -> None:
+    left = iter(shares)
+    calls: list[float] = []
+
+    def measure() -> float:
+        calls.append(next(left))
+        return calls[-1]
+
+    assert agreed_share(measure) == pytest.approx(agreed)
+    assert len(calls) == made
 
 
 @pytest.mark.skipif(len(process_cpus()) < 2, reason="measures what a second CPU does")
