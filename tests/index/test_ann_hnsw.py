@@ -1,9 +1,11 @@
-"""The HNSW structure itself: files it writes and refuses, cancelled builds, one thread per call."""
+"""The HNSW structure itself: files it writes and refuses, cancelled builds, threads per call."""
 
 from __future__ import annotations
 
 import logging
+import os
 import struct
+import sys
 import threading
 from pathlib import Path
 
@@ -11,7 +13,15 @@ import numpy as np
 import pytest
 
 from streamrag.errors import ForeignFileError, QueryError
-from streamrag.index.ann import AnnSpec, BuildCancelled, HnswAnn, IvfPqAnn, load_hnsw
+from streamrag.index.ann import (
+    AnnSpec,
+    BuildCancelled,
+    HnswAnn,
+    IvfPqAnn,
+    build_threads,
+    load_hnsw,
+    recall_at_10,
+)
 
 DIM = 32
 SPEC = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16)
@@ -44,14 +54,69 @@ def test_a_saved_graph_reads_back_the_same(tmp_path: Path) -> None:
     assert np.allclose(want[1], np.take_along_axis(q @ data.T, want[0], axis=1), atol=1e-5)
 
 
-def test_the_same_seed_builds_the_same_graph(tmp_path: Path) -> None:
+def test_the_same_seed_builds_the_same_graph_on_one_thread(tmp_path: Path) -> None:
     data = _clustered(2500, seed=3)
+    one = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16, build_threads=1)
     files = []
     for name in ("a", "b"):
         path = tmp_path / name
-        HnswAnn.build(data, SPEC).save(str(path))
+        HnswAnn.build(data, one).save(str(path))
         files.append(path.read_bytes())
     assert files[0] == files[1]
+
+
+def test_build_threads_are_the_process_cpus_unless_set() -> None:
+    assert build_threads(AnnSpec(build_threads=3)) == 3
+    assert build_threads(AnnSpec()) == len(os.sched_getaffinity(0))
+
+
+def _task_nice() -> dict[int, int]:
+    """Each thread of this process and its nice value (/proc/self/task/*/stat)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        with open(task / "stat", encoding="ascii") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+        out[int(task.name)] = int(fields[16])  # the 19th field; 17th after the name
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc, sets a thread's nice value")
+def test_a_build_on_two_threads_runs_them_at_the_builders_priority_and_is_as_good() -> None:
+    """The maintenance thread builds at a lower priority: OpenMP's threads must inherit it.
+
+    They are started by the building thread; sampled between two parts of the
+    build, every thread that did not exist before it has the builder's nice value.
+    """
+    import faiss
+
+    from streamrag.index import ann as ann_module
+
+    data = _clustered(4 * ann_module._BUILD_PART, seed=8)
+    spec = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16, build_threads=2)
+    before = set(_task_nice())
+    during: list[dict[int, int]] = []
+    after: list[int] = []
+    built: list[HnswAnn] = []
+
+    def look() -> bool:  # asked between parts: never cancels
+        during.append(_task_nice())
+        return False
+
+    def build() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 5)
+        built.append(HnswAnn.build(data, spec, look))
+        after.append(faiss.omp_get_max_threads())
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    builder.join()
+    assert len(during) == 4
+    started = {tid: nice for tid, nice in during[-1].items() if tid not in before}
+    assert len(started) >= 2  # the builder and at least one OpenMP thread
+    assert set(started.values()) == {5}
+    assert after == [1]  # searches in the builder's thread stay on one core
+    sample = np.arange(0, data.shape[0], 16)
+    assert recall_at_10(built[0], data, sample) >= 0.95
 
 
 def _hnswlib_like(path: Path, rows: int) -> None:

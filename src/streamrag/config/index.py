@@ -59,6 +59,13 @@ class IndexSettings(Frozen):
         64, gt=0, description="HNSW beam width per query (recall@10 ≥ 0.95 up to 1M rows)."
     )
     ivf_nprobe: int = Field(16, gt=0, description="IVF lists probed per query.")
+    build_threads: int = Field(
+        0,
+        ge=0,
+        description="Threads that build one HNSW graph in the background (0: every CPU the "
+        "process may use; they run at the maintenance thread's lower priority, so queries "
+        "and ingest go first). 1 builds the same graph every time.",
+    )
     compact_fanout: int = Field(
         4, ge=2, description="Segments of one size tier merged into one by compaction."
     )

@@ -66,6 +66,7 @@ structures are not saved (they are rebuilt on open).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ __all__ = [
     "HnswAnn",
     "IvfPqAnn",
     "build_ann",
+    "build_threads",
     "calibrate",
     "choose_ann",
     "load_hnsw",
@@ -109,6 +111,9 @@ class AnnSpec:
     pq_m: int = 48
     refine: int = 4
     seed: int = 0
+    build_threads: int = 0
+    """Threads that insert into one HNSW graph (0: every CPU of the process; see
+    :func:`build_threads`). With more than one the graph depends on their timing."""
     target_recall: float = 0.95
     max_ef: int = 512
     calibration_rows: int = 128
@@ -283,6 +288,24 @@ def _search_c(
     return scores, labels
 
 
+def build_threads(spec: AnnSpec) -> int:
+    """The threads that build one graph: ``spec.build_threads``, or (0) the process's CPUs.
+
+    A bulk load leaves minutes of graph building behind it (1M rows: one core
+    busy for more than ten minutes, docs/performance.md), while queries and the
+    job, once caught up, leave the other cores idle. OpenMP's threads are
+    started by the thread that builds and inherit its scheduling priority: the
+    maintenance thread's is lower than the process's (:mod:`.maintenance_thread`),
+    so on a busy host the extra threads get the cores queries and ingest leave.
+    """
+    if spec.build_threads > 0:
+        return spec.build_threads
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def _faiss() -> Any:
     """FAISS, with OpenMP set to one thread in the calling thread.
 
@@ -351,11 +374,14 @@ class HnswAnn:
         spec: AnnSpec,
         cancelled: Callable[[], bool] | None = None,
     ) -> HnswAnn:
-        """Insert every row, one thread, deterministic under ``spec.seed``.
+        """Insert every row, on :func:`build_threads` threads; levels drawn under ``spec.seed``.
 
         Rows go in parts of ``_BUILD_PART``, so that ``cancelled`` can stop the
         build between parts. (FAISS inserts the rows of one call highest level
         first, so the graph differs from a one-call build's; it is as good.)
+        With one thread the graph is the same every time; with more, FAISS
+        inserts a part's rows in parallel, each under its own lock, and the
+        links depend on their timing (the recall is calibrated either way).
         """
         faiss = _faiss()
         n, dim = vectors.shape
@@ -363,10 +389,14 @@ class HnswAnn:
         index.hnsw.efConstruction = spec.hnsw_ef_construction
         index.hnsw.rng = faiss.RandomGenerator(spec.seed)  # the rows' levels
         data = np.ascontiguousarray(vectors, dtype=np.float32)
-        for lo in range(0, n, _BUILD_PART):
-            if cancelled is not None and cancelled():
-                raise BuildCancelled
-            index.add(data[lo : lo + _BUILD_PART])
+        faiss.omp_set_num_threads(build_threads(spec))
+        try:
+            for lo in range(0, n, _BUILD_PART):
+                if cancelled is not None and cancelled():
+                    raise BuildCancelled
+                index.add(data[lo : lo + _BUILD_PART])
+        finally:
+            faiss.omp_set_num_threads(1)  # searches in this thread stay on one core
         return cls(index, n, spec.hnsw_ef_search)
 
     def search(

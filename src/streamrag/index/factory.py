@@ -47,6 +47,7 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
             hnsw_ef_construction=settings.hnsw_ef_construction,
             hnsw_ef_search=settings.hnsw_ef_search,
             ivf_nprobe=settings.ivf_nprobe,
+            build_threads=settings.build_threads,
         ),
         tuning=SearchTuning() if settings.half_copies else SearchTuning(half_min_rows=_NO_ANN),
         compaction=CompactionSpec(
