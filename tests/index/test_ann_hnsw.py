@@ -166,6 +166,33 @@ def test_a_build_stops_between_parts_when_cancelled() -> None:
     assert whole.index.ntotal == data.shape[0]
 
 
+def test_a_build_takes_one_thread_for_each_part_while_the_index_is_busy() -> None:
+    import faiss
+
+    from streamrag.index import ann as ann_module
+
+    data = _clustered(4 * ann_module._BUILD_PART, seed=9)
+    spec = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16, build_threads=2)
+    answers = iter([False, True, True, False])
+    used: list[int] = []  # the threads of the part before, seen before each next one
+
+    def look() -> bool:
+        used.append(faiss.omp_get_max_threads())
+        return False
+
+    def busy() -> bool:
+        return next(answers)
+
+    built = HnswAnn.build(data, spec, look, busy)
+    assert used[1:] == [2, 1, 1]  # parts 1-3; part 4 (wide again) is seen by nobody
+    assert built.index.ntotal == data.shape[0]
+    assert faiss.omp_get_max_threads() == 1
+    one = AnnSpec(hnsw_m=8, hnsw_ef_construction=40, hnsw_ef_search=16, build_threads=1)
+    used.clear()
+    HnswAnn.build(data, one, look, lambda: False)
+    assert set(used) == {1}
+
+
 def test_every_thread_searches_with_one_openmp_thread() -> None:
     """OpenMP's thread count is per thread: each thread that searches must get one."""
     import faiss

@@ -62,9 +62,9 @@ class IndexSettings(Frozen):
     build_threads: int = Field(
         0,
         ge=0,
-        description="Threads that build one HNSW graph in the background (0: every CPU the "
-        "process may use; they run at the maintenance thread's lower priority, so queries "
-        "and ingest go first). 1 builds the same graph every time.",
+        description="Threads that build an HNSW graph in the background while no query or "
+        "commit comes in, as after a bulk load (0: every CPU the process may use); one while "
+        "they do. 1 builds the same graph every time.",
     )
     compact_fanout: int = Field(
         4, ge=2, description="Segments of one size tier merged into one by compaction."

@@ -112,8 +112,9 @@ class AnnSpec:
     refine: int = 4
     seed: int = 0
     build_threads: int = 0
-    """Threads that insert into one HNSW graph (0: every CPU of the process; see
-    :func:`build_threads`). With more than one the graph depends on their timing."""
+    """Threads that insert into one HNSW graph while the index is idle (0: every CPU of
+    the process; see :func:`build_threads`). With more than one the graph depends on
+    their timing."""
     target_recall: float = 0.95
     max_ef: int = 512
     calibration_rows: int = 128
@@ -173,16 +174,18 @@ def build_ann(
     vectors: npt.NDArray[np.float32],
     spec: AnnSpec,
     cancelled: Callable[[], bool] | None = None,
+    busy: Callable[[], bool] | None = None,
 ) -> Ann | None:
     """Build and calibrate a structure over ``vectors`` (unit rows).
 
     Returns None when it is not accurate enough on them. Slow — never on the
     commit path. ``cancelled`` is asked between parts of an HNSW build; when it
     says so the build stops with :class:`BuildCancelled` (a stop need not wait
-    for a minute-long build).
+    for a minute-long build). ``busy`` too: while it says so, the next part is
+    built on one thread (:meth:`HnswAnn.build`).
     """
     if kind == "hnsw":
-        ann: Ann = HnswAnn.build(vectors, spec, cancelled)
+        ann: Ann = HnswAnn.build(vectors, spec, cancelled, busy)
     else:
         ann = IvfPqAnn.build(vectors, spec)
     return calibrate(ann, vectors, spec)
@@ -289,14 +292,17 @@ def _search_c(
 
 
 def build_threads(spec: AnnSpec) -> int:
-    """The threads that build one graph: ``spec.build_threads``, or (0) the process's CPUs.
+    """Threads that build a graph while the index is idle: ``spec.build_threads`` or CPUs.
+
+    0 stands for every CPU the process may use.
 
     A bulk load leaves minutes of graph building behind it (1M rows: one core
-    busy for more than ten minutes, docs/performance.md), while queries and the
-    job, once caught up, leave the other cores idle. OpenMP's threads are
-    started by the thread that builds and inherit its scheduling priority: the
-    maintenance thread's is lower than the process's (:mod:`.maintenance_thread`),
-    so on a busy host the extra threads get the cores queries and ingest leave.
+    busy for more than ten minutes, docs/performance.md), while a job that has
+    caught up and takes no queries leaves the other cores idle. While queries
+    or commits come in, a build stays on one thread: measured, a second
+    building thread at the maintenance thread's lower priority (which OpenMP's
+    threads inherit from the thread that starts them) still raised query p99
+    during ingest by a third.
     """
     if spec.build_threads > 0:
         return spec.build_threads
@@ -373,15 +379,18 @@ class HnswAnn:
         vectors: npt.NDArray[np.float32],
         spec: AnnSpec,
         cancelled: Callable[[], bool] | None = None,
+        busy: Callable[[], bool] | None = None,
     ) -> HnswAnn:
-        """Insert every row, on :func:`build_threads` threads; levels drawn under ``spec.seed``.
+        """Insert every row; levels drawn under ``spec.seed``.
 
         Rows go in parts of ``_BUILD_PART``, so that ``cancelled`` can stop the
         build between parts. (FAISS inserts the rows of one call highest level
         first, so the graph differs from a one-call build's; it is as good.)
-        With one thread the graph is the same every time; with more, FAISS
-        inserts a part's rows in parallel, each under its own lock, and the
-        links depend on their timing (the recall is calibrated either way).
+        Each part goes in on :func:`build_threads` threads, or on one while
+        ``busy()`` says the index is in use (asked before each part). With one
+        thread the graph is the same every time; with more, FAISS inserts a
+        part's rows in parallel, each under its own lock, and the links depend
+        on their timing (the recall is calibrated either way).
         """
         faiss = _faiss()
         n, dim = vectors.shape
@@ -389,11 +398,15 @@ class HnswAnn:
         index.hnsw.efConstruction = spec.hnsw_ef_construction
         index.hnsw.rng = faiss.RandomGenerator(spec.seed)  # the rows' levels
         data = np.ascontiguousarray(vectors, dtype=np.float32)
-        faiss.omp_set_num_threads(build_threads(spec))
+        wide, threads = build_threads(spec), 1
         try:
             for lo in range(0, n, _BUILD_PART):
                 if cancelled is not None and cancelled():
                     raise BuildCancelled
+                want = 1 if wide == 1 or (busy is not None and busy()) else wide
+                if want != threads:
+                    faiss.omp_set_num_threads(want)
+                    threads = want
                 index.add(data[lo : lo + _BUILD_PART])
         finally:
             faiss.omp_set_num_threads(1)  # searches in this thread stay on one core

@@ -19,6 +19,7 @@ generation, and a merge begun under an older one is dropped.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -59,6 +60,22 @@ class LsmMaintenance(LsmPersistence):
                 self.checkpoint()
                 did = True
         return did
+
+    def _in_use(self) -> Callable[[], bool]:
+        """For a build: whether a query or a commit came since it last asked.
+
+        The first answer is about the time since this was called. A graph is
+        built on the idle cores only while neither comes (:func:`.ann.build_threads`).
+        """
+        last = (self._queries_seen, self._manifest.epoch)
+
+        def busy() -> bool:
+            nonlocal last
+            now = (self._queries_seen, self._manifest.epoch)
+            moved, last = now != last, now
+            return moved
+
+        return busy
 
     def check_recall(self, *, force: bool = False) -> bool:
         """Re-check every ANN structure's recall@10 on recent real queries.
@@ -117,7 +134,9 @@ class LsmMaintenance(LsmPersistence):
         kind = choose_ann(seg.n, self._spec.ann)
         assert kind is not None
         try:
-            ann = build_ann(kind, seg.vectors[: seg.n], self._spec.ann, self._closing)
+            ann = build_ann(
+                kind, seg.vectors[: seg.n], self._spec.ann, self._closing, self._in_use()
+            )
         except BuildCancelled:
             return False  # the index is closing; the next open builds it
         except Exception as exc:
@@ -203,7 +222,8 @@ class LsmMaintenance(LsmPersistence):
         if kind is not None:
             try:
                 merged.ann = build_ann(
-                    kind, merged.vectors[: merged.n], self._spec.ann, self._closing
+                    *(kind, merged.vectors[: merged.n], self._spec.ann),
+                    *(self._closing, self._in_use()),
                 )
             except BuildCancelled:
                 return False  # closing: the segments stay as they were
