@@ -302,7 +302,7 @@ def build_threads(spec: AnnSpec) -> int:
     or commits come in, a build stays on one thread: measured, a second
     building thread at the maintenance thread's lower priority (which OpenMP's
     threads inherit from the thread that starts them) still raised query p99
-    during ingest by a third.
+    during ingest by a quarter to a third.
     """
     if spec.build_threads > 0:
         return spec.build_threads
