@@ -63,7 +63,8 @@ class IndexSettings(Frozen):
         0,
         ge=0,
         description="Threads that build an HNSW graph in the background while no query or "
-        "commit comes in, as after a bulk load (0: every CPU the process may use); one while "
+        "commit comes in, as after a bulk load (0: every CPU the index's maintenance thread may "
+        "use, normally all of the process's); one while "
         "they do. 1 builds the same graph every time.",
     )
     compact_fanout: int = Field(

@@ -112,8 +112,8 @@ class AnnSpec:
     refine: int = 4
     seed: int = 0
     build_threads: int = 0
-    """Threads that insert into one HNSW graph while the index is idle (0: every CPU of
-    the process; see :func:`build_threads`). With more than one the graph depends on
+    """Threads that insert into one HNSW graph while the index is idle (0: every CPU the
+    building thread may use; see :func:`build_threads`). With more than one the graph depends on
     their timing."""
     target_recall: float = 0.95
     max_ef: int = 512
@@ -294,7 +294,10 @@ def _search_c(
 def build_threads(spec: AnnSpec) -> int:
     """Threads that build a graph while the index is idle: ``spec.build_threads`` or CPUs.
 
-    0 stands for every CPU the process may use.
+    0 stands for every CPU the building thread may use: OpenMP's threads inherit
+    its affinity, so a thread pinned to one CPU gains nothing from more. (Not
+    :func:`streamrag.runtime.affinity.process_cpus`, which asks the process's
+    main thread; the index does not import the runtime either.)
 
     A bulk load leaves minutes of graph building behind it (1M rows: one core
     busy for more than ten minutes, docs/performance.md), while a job that has
