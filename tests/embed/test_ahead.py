@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -201,18 +202,28 @@ def test_a_worker_whose_job_is_gone_ends_without_a_traceback(dies: str) -> None:
     os.close(req_r)
     os.close(ans_w)
     embedder = pickle.dumps(HashingEmbedder(dim=16))
-    with os.fdopen(req_w, "wb") as requests, os.fdopen(ans_r, "rb") as answers:
-        write_frame(requests, msgspec.msgpack.encode({"path": sys.path, "embedder": embedder}))
-        assert b"ready" in (read_frame(answers) or b"")
-        answers.close()  # the job is gone: nobody reads what the worker answers
-        frames = [msgspec.msgpack.encode({"id": i, "texts": _texts(50, f"r{i}")}) for i in range(2)]
-        if dies == "while it answers":
-            for frame in frames:  # the second is never read: the first answer fails
-                write_frame(requests, frame)
-        else:
-            requests.write(len(frames[0]).to_bytes(4, "little") + frames[0][:10])
-    _, err = worker.communicate(timeout=READY_S)
-    assert worker.returncode == 0, err
+    try:
+        with os.fdopen(req_w, "wb") as requests, os.fdopen(ans_r, "rb") as answers:
+            write_frame(requests, msgspec.msgpack.encode({"path": sys.path, "embedder": embedder}))
+            assert b"ready" in (read_frame(answers) or b"")
+            answers.close()  # the job is gone: nobody reads what the worker answers
+            frames = [
+                msgspec.msgpack.encode({"id": i, "texts": _texts(20, f"r{i}")}) for i in range(2)
+            ]
+            if dies == "while it answers":
+                # Both requests go in one write, below the pipe's atomic size, while the
+                # worker still waits for the first: it cannot have ended before the second
+                # is in the pipe. The second is never read: the first answer fails.
+                both = b"".join(len(f).to_bytes(4, "little") + f for f in frames)
+                assert len(both) <= select.PIPE_BUF
+                requests.write(both)
+            else:
+                requests.write(len(frames[0]).to_bytes(4, "little") + frames[0][:10])
+        _, err = worker.communicate(timeout=READY_S)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+        worker.communicate()  # closes the stderr pipe whatever failed above
     assert b"Traceback" not in err, err.decode()
 
 
