@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/goals.py     # last step of `make bench`
 
 Reads what the other benchmarks of the run wrote under ``benchmarks/results/``
-(``latest.json`` from run.py, ``index.json``, ``contention.json``, and
+(``latest.json`` from run.py, ``serving.json`` (from its serving section, or
+``serving.py section`` alone), ``index.json``, ``contention.json``, and
 ``freshness-1m.json``, which is run by hand) and, when it
 is there, the side-by-side run with the peer (``side-by-side/*.json``, made by
 ``../shared/peer-bench/pathway/run_t2.sh``, see benchmarks/README.md). Every
@@ -124,16 +125,20 @@ def goals() -> list[Row]:
             "ms",
         )
     )
+    serving = _load("serving.json")
+    emb = _get(serving, "serving", "embedder") or "minilm"  # files before it was named: torch
+    emb_name = {"minilm-onnx": "MiniLM, ONNX int8, the default", "minilm": "MiniLM, PyTorch"}
     for c in (16, 64):
-        load = _get(latest, "serving_minilm", "modes", "batching_on", "load") or []
+        load = _get(serving, "serving", "modes", "batching_on", "load") or []
         r = next((x for x in load if x.get("concurrency") == c), None)
         out.append(
             _goal(
-                f"serving with MiniLM, {c} clients: QPS / raw embed+search ceiling",
+                f"serving with {emb_name.get(emb, emb)}, {c} clients: "
+                "QPS / raw embed+search ceiling",
                 None if r is None else r.get("ratio_to_raw"),
                 0.8,
                 True,
-                run,
+                "serving.py (serving.json)",
             )
         )
     for name in ("hashing", "minilm"):
@@ -219,9 +224,17 @@ def markdown(items: list[Row]) -> str:
     lines = [
         "# streamrag: the engine's cost against its goals",
         "",
-        f"From the results of one `make bench` (run.py of {m.get('date_utc', '?')}); machine: "
+        f"From the results of `make bench` (run.py of {m.get('date_utc', '?')}); machine: "
         f"{m.get('cpu_count', '?')} cores, {m.get('cpu_model', '?')}, {m.get('ram_gib', '?')} GiB "
         "RAM, shared. Each figure is a ratio within one benchmark's run.",
+        "",
+        "When each file was made: "
+        + "; ".join(
+            f"{name} {_get(data, 'machine', 'date_utc') or '?'}"
+            for name in ("latest.json", "serving.json", "index.json", "contention.json")
+            if (data := _load(name)) is not None
+        )
+        + " (the side-by-side run: side-by-side/README.md).",
         "",
         "| goal | measured | bound | met? | from |",
         "|---|---:|---:|---|---|",

@@ -804,6 +804,8 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     log=log,
                     run_json=run_json,
+                    out_dir=a.out,
+                    head={"command": "benchmarks/run.py", "machine": res["machine"]},
                 ),
                 "serving(minilm)",
             )

@@ -1,15 +1,17 @@
 """Serving with MiniLM: retrieval under load, micro-batching on and off, against the raw ceiling.
 
-The query path's cost is the embedder: one MiniLM query takes ~20 ms on a core
-here, a batched search over this index well under a millisecond. Micro-batching
-exists to spend that cost once for many queries. This section measures
+The query path's cost is the embedder: one MiniLM query takes 2.5-3 ms on a
+core here through ONNX Runtime in int8 (the default embedder, ``minilm-onnx``;
+13 ms through PyTorch, ``--embedder minilm``), a search over this index well
+under a millisecond. Micro-batching exists to spend the per-call costs once for
+many queries. This section measures
 
 * the **raw batched throughput**: in its own process, nothing else running,
   ``Service.retrieve_many`` (one ``embed_many`` call and one batched search)
   over batches of 1, 8, 16, 32 and 64 queries, on one thread and on
   ``serve.query_workers`` threads at once; the best batch size on that many
   threads is the ceiling (8 is what 16 clients split over two workers make);
-* the **server**: ``streamrag run`` with MiniLM over the bundled sample corpus,
+* the **server**: ``streamrag run`` with the same embedder over the bundled sample corpus,
   driven by ``loadgen.py`` (its own process, keep-alive connections, closed
   loop) at concurrency 1, 16 and 64, once with micro-batching on
   (``serve.max_batch`` 64, ``serve.max_wait_ms`` 2) and once off
@@ -20,7 +22,11 @@ the cores the server's threads (by role) and the load generator used under
 each load.
 The two servers share one index directory: the second reopens what the first
 built. ``python benchmarks/serving.py raw --config C --queries Q`` is the raw
-measurement on its own (one JSON object on stdout).
+measurement on its own (one JSON object on stdout); ``python benchmarks/serving.py
+section [--embedder minilm]`` runs this whole section on its own.
+
+Results: ``benchmarks/results/serving.{json,md}`` (``make bench`` writes them
+too, and ``latest.json`` holds the same section).
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ from server import ServerProcess, cores_during
 
 HERE = Path(__file__).resolve().parent
 WORKERS = 2
+EMBEDDERS: dict[str, dict[str, Any]] = {
+    # One intra-op thread each: the query workers are the parallelism.
+    "minilm-onnx": {"precision": "int8", "threads": 1},  # the default embedder
+    "minilm": {"threads": 1},  # through PyTorch
+}
 
 
 def sample_corpus(dest: Path) -> tuple[Path, list[str]]:
@@ -65,11 +76,11 @@ def sample_corpus(dest: Path) -> tuple[Path, list[str]]:
     return dest, queries
 
 
-def settings_for(state: Path, max_batch: int) -> dict[str, Any]:
+def settings_for(state: Path, max_batch: int, embedder: str = "minilm-onnx") -> dict[str, Any]:
     """The server's settings (dotted keys)."""
     return {
-        "embedder.class": "minilm",
-        "embedder.args": {"threads": 1},
+        "embedder.class": embedder,
+        "embedder.args": EMBEDDERS[embedder],
         "serve.query_workers": WORKERS,
         "serve.max_batch": max_batch,
         "serve.max_wait_ms": 2.0,
@@ -137,9 +148,16 @@ def serving_section(
     loadgen: Callable[[str, Path, int], dict[str, Any]],
     log: Callable[[str, str], None],
     run_json: Callable[[list[str], float], dict[str, Any]],
+    embedder: str = "minilm-onnx",
+    out_dir: Path | None = None,
+    head: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Both servers under load, then the raw ceiling; QPS ratios per concurrency."""
-    section = "serving(minilm)"
+    """Both servers under load, then the raw ceiling; QPS ratios per concurrency.
+
+    With ``out_dir`` (and ``head``: the command and machine), also writes
+    ``serving.{json,md}`` there, which the goals table reads.
+    """
+    section = f"serving({embedder})"
     # The same environment as the raw measurement (run.py's helper processes).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work.mkdir()
@@ -147,10 +165,17 @@ def serving_section(
     qfile = work / "queries.json"
     qfile.write_text(json.dumps(queries))
     state = work / "state"
-    out: dict[str, Any] = {"queries": len(queries), "k": k, "workers": WORKERS, "modes": {}}
+    out: dict[str, Any] = {
+        "embedder": embedder,
+        "embedder_args": EMBEDDERS[embedder],
+        "queries": len(queries),
+        "k": k,
+        "workers": WORKERS,
+        "modes": {},
+    }
     for mode, max_batch in (("batching_on", 64), ("batching_off", 1)):
         (work / mode).mkdir()
-        srv = ServerProcess(work / mode, source, settings_for(state, max_batch))
+        srv = ServerProcess(work / mode, source, settings_for(state, max_batch, embedder))
         loads = []
         ready = None
         try:
@@ -180,7 +205,7 @@ def serving_section(
     log(section, "raw batched embedder + index throughput (own process)")
     raw_config = work / "raw.yaml"
     raw_config.write_text(
-        yaml.safe_dump(_nested({"source.path": str(source), **settings_for(state, 64)}))
+        yaml.safe_dump(_nested({"source.path": str(source), **settings_for(state, 64, embedder)}))
     )
     cmd = [sys.executable, str(HERE / "serving.py"), "raw", "--config", str(raw_config)]
     cmd += ["--queries", str(qfile), "--budget", str(raw_budget_s), "-k", str(k)]
@@ -201,6 +226,8 @@ def serving_section(
             r["raw_at_clients_batch_qps"] = own
             r["ratio_to_raw_at_clients_batch"] = r["qps"] / own if own else None
     log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")
+    if out_dir is not None:
+        write_results(out_dir, "serving", out, head or {})
     return out
 
 
@@ -226,8 +253,79 @@ def _nested(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def write_results(out_dir: Path, name: str, section: dict[str, Any], head: dict[str, Any]) -> None:
+    """``<name>.json`` (``head`` — machine, date, command — and the section) and ``<name>.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps({**head, "serving": section}, indent=1))
+    m = head["machine"]
+    lines = [
+        f"# Serving with {section['embedder']}: the server against the raw ceiling",
+        "",
+        f"Run {m['date_utc']} with `{head['command']}`; machine: {m.get('cpu_count')} cores, "
+        f"{m.get('cpu_model')}, shared. The embedder: `{section['embedder']}` "
+        f"{json.dumps(section['embedder_args'])}; {section['workers']} query workers; "
+        f"k = {section['k']}; {section['raw']['live_chunks']} chunks.",
+        "",
+        "Raw `Service.retrieve_many` (its own process, nothing else running), QPS by batch size:",
+        "",
+        "| batch | 1 thread | " + f"{section['workers']} threads |",
+        "|---:|---:|---:|",
+    ]
+    pts = {(pt["batch"], pt["threads"]): pt["qps"] for pt in section["raw"]["points"]}
+    for b in sorted({b for b, _ in pts}):
+        one, all_ = pts.get((b, 1), 0), pts.get((b, section["workers"]), 0)
+        lines.append(f"| {b} | {one:,.0f} | {all_:,.0f} |")
+    lines += [
+        "",
+        f"Ceiling (best batch on {section['workers']} threads): "
+        f"{section['raw_ceiling_qps']:,.0f} queries/s.",
+        "",
+        "| micro-batching | clients | QPS | p50 ms | p99 ms | queries per call | "
+        "QPS / ceiling | QPS / raw at the clients' batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, label in (("batching_on", "on"), ("batching_off", "off")):
+        for r in section["modes"].get(mode, {}).get("load", []):
+            at = r.get("ratio_to_raw_at_clients_batch")
+            lines.append(
+                f"| {label} | {r['concurrency']} | {r['qps']:,.0f} | {r.get('p50_ms', 0):.1f} | "
+                f"{r.get('p99_ms', 0):.1f} | {r.get('server_mean_batch') or 0:.1f} | "
+                f"{r['ratio_to_raw']:.3f} | {'' if at is None else f'{at:.3f}'} |"
+            )
+    (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def _section_alone(embedder: str, out_dir: Path, name: str, argv: list[str]) -> int:
+    """This section on its own, with run.py's load generator and parameters."""
+    import tempfile
+
+    from run import Params, loadgen, log, machine_info, run_json
+
+    p = Params()
+    head = {"command": "benchmarks/serving.py " + " ".join(argv), "machine": machine_info()}
+    with tempfile.TemporaryDirectory(prefix="streamrag-serving-") as tmp:
+        section = serving_section(
+            Path(tmp) / "serving",
+            concurrencies=p.serving_concurrencies,
+            duration_s=p.serving_duration_s,
+            warmup_s=p.serving_warmup_s,
+            raw_budget_s=p.serving_raw_budget_s,
+            k=p.k,
+            loadgen=lambda url, q, c: loadgen(
+                url, q, c, p, p.serving_duration_s, p.serving_warmup_s
+            ),
+            log=log,
+            run_json=run_json,
+            embedder=embedder,
+        )
+    write_results(out_dir, name, section, head)
+    print((out_dir / f"{name}.md").read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``raw``: the raw batched throughput as JSON on stdout."""
+    """``raw``: the raw batched throughput as JSON on stdout; ``section``: the whole section."""
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     raw = sub.add_parser("raw")
@@ -235,7 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     raw.add_argument("--queries", type=Path, required=True)
     raw.add_argument("--budget", type=float, default=3.0, help="seconds per point")
     raw.add_argument("-k", type=int, default=5)
+    whole = sub.add_parser("section")
+    whole.add_argument("--embedder", choices=sorted(EMBEDDERS), default="minilm-onnx")
+    whole.add_argument("--name", default="serving")
+    whole.add_argument("--out", type=Path, default=HERE / "results")
     a = p.parse_args(argv)
+    if a.command == "section":
+        return _section_alone(a.embedder, a.out, a.name, argv)
     queries = json.loads(a.queries.read_text())
     print(json.dumps(raw_throughput(a.config, queries, a.budget, a.k)))
     return 0
