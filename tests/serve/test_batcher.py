@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from streamrag.errors import QueryTimeoutError
 from streamrag.index.base import SearchFilter
 from streamrag.serve.app import create_app
-from streamrag.serve.batcher import QueryBatcher
+from streamrag.serve.batcher import CallCost, QueryBatcher
 from tests.e2e.conftest import wait_for
 from tests.serve.test_answer_api import make_service
 
@@ -59,6 +59,77 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
     finally:
         batcher.close()
     assert calls == [(1, False), (3, True)]
+
+
+def test_a_worker_whose_calls_cost_nothing_in_themselves_does_not_hold(tmp_path: Path) -> None:
+    """MiniLM in int8: a call costs its queries and little else, so company saves nothing."""
+    svc = make_service(tmp_path)
+    gate = threading.Event()
+    released = threading.Event()
+    calls: list[tuple[int, bool]] = []
+    gen = svc.pin()
+    original = gen.embed_many
+
+    def spy(queries):  # type: ignore[no-untyped-def]
+        calls.append((len(queries), released.is_set()))
+        if len(calls) == 1:
+            gate.wait(10)
+        return original(queries)
+
+    gen.embed_many = spy  # type: ignore[method-assign]
+    # The same settings as the test above, which holds; the workers' batches so far
+    # cost 3 ms a query and nothing a call.
+    batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
+    for cost in batcher._costs:
+        for n in (1, 4, 2, 8, 3):
+            cost.add(n, 0.003 * n)
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> list[int]:
+        first = asyncio.ensure_future(batcher.retrieve("database password", 1, flt))
+        await asyncio.to_thread(wait_for, lambda: calls, 10, "the first embedding call")
+        rest = [
+            asyncio.ensure_future(batcher.retrieve(q, 1, flt))
+            for q in ("backups", "vault", "restart")
+        ]
+        # The idle worker embeds them while the first call is still stalled.
+        await asyncio.to_thread(
+            wait_for, lambda: sum(n for n, _ in calls) == 4, 10, "the three embedded"
+        )
+        released.set()
+        gate.set()
+        answers = await asyncio.gather(first, *rest)
+        return [len(hits) for _, hits in answers]
+
+    try:
+        assert asyncio.run(scenario()) == [1, 1, 1, 1]
+    finally:
+        batcher.close()
+    assert calls[0] == (1, False)
+    assert all(not after for _, after in calls)
+
+
+def test_the_call_cost_fit_finds_what_a_call_costs_in_itself() -> None:
+    cost = CallCost()
+    assert cost.fit() is None  # nothing measured: gather
+    assert cost.company_pays()
+    for _ in range(10):
+        cost.add(8, 0.009 + 0.0046 * 8)
+    assert cost.fit() is None  # one size only: no line yet
+    assert cost.company_pays()
+    for n in (1, 2, 4, 8, 16, 3):
+        cost.add(n, 0.009 + 0.0046 * n)  # MiniLM through PyTorch here
+    fixed, per_query = cost.fit() or (0.0, 0.0)
+    assert fixed == pytest.approx(0.009, rel=0.05)
+    assert per_query == pytest.approx(0.0046, rel=0.05)
+    assert cost.company_pays()
+    # The model changes to one that embeds each text alone: recent batches decide.
+    for _ in range(6):
+        for n in (1, 3, 8, 5, 2):
+            cost.add(n, 0.0011 + 0.0027 * n)
+    fixed, per_query = cost.fit() or (1.0, 0.0)
+    assert fixed < per_query
+    assert not cost.company_pays()
 
 
 def _fail_first_pin(svc: Any) -> None:

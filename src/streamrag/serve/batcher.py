@@ -19,9 +19,27 @@ embedder, waiting for a third query that could not come held each pair 2 ms:
 
 While another worker is embedding, a worker holding fewer than
 ``min_parallel_batch`` queries keeps gathering until it has that many or the
-other worker is done: when the embedder is the bottleneck (MiniLM: ~25 ms per
-call plus ~5 ms per query on a core here), one call over eight queries is
-cheaper than two concurrent calls over four each fighting for the same cores.
+other worker is done: when the embedder is the bottleneck (MiniLM through
+PyTorch: ~9 ms per call plus ~4.6 ms per query on a core here), one call over
+eight queries is cheaper than two concurrent calls over four each fighting for
+the same cores.
+
+Company is only worth gathering when a call has a cost of its own. Each
+worker fits the CPU time of its batches (its own thread's, which waiting for
+the interpreter lock or for a core does not inflate) to *fixed + per-query ×
+size* by least squares over recent batches (:class:`CallCost`). Where a call's
+fixed cost is below what one query adds, a second query in the same call saves
+less than half its cost, and the worker neither waits for company nor holds a
+small batch. MiniLM in int8 through ONNX Runtime embeds each text alone (fitted
+in the server: ~1 ms a call, ~2.7 ms a query); there a worker that waited sat
+idle while its clients' next queries were on their way. At 16 clients
+(`serving.py`'s server, four alternated rounds each) 339-370 queries/s before,
+458-478 after (mean batch 8.3 → 3.5); at 64 clients 515-609 before, 488-592
+after. MiniLM through PyTorch (~9 ms a call, ~4.6 ms a query) and hashing over
+20,000 documents (~3.9 ms a call, ~0.2 ms a query, in-process) keep gathering.
+Until a worker's batches have varied in size enough to fit, it gathers, and
+over a remote embedder (whose call costs a round trip that CPU time does not
+show) it always does.
 
 ``max_batch=1`` turns micro-batching off: every query is embedded and searched
 on its own (the benchmark's baseline). Embedding and search run off the event
@@ -71,7 +89,7 @@ from streamrag.errors import QueryTimeoutError
 from streamrag.index.base import SearchFilter
 from streamrag.index.hits import Hits
 
-__all__ = ["QueryBatcher", "Retrieval", "Retrieved"]
+__all__ = ["CallCost", "QueryBatcher", "Retrieval", "Retrieved"]
 
 log = logging.getLogger("streamrag.serve")
 
@@ -127,6 +145,62 @@ class Retrieval(Protocol):
 
 _HOLD_POLL_S = 0.001
 _PATIENT = 5.0  # a batch that took this many max_waits is worth waiting for company
+_COST_DECAY = 0.95  # weight of a batch in the call-cost fit, per batch answered after it
+_COST_MIN_SPREAD = 0.25  # variance of batch sizes (queries²) the fit needs
+
+
+class CallCost:
+    """How a batch's time grows with its size: a fixed cost per call plus one per query.
+
+    A least-squares line through recent ``(queries, seconds)`` pairs, each
+    weighing :data:`_COST_DECAY` less for every batch after it, kept as five
+    running sums. Its intercept is what a call costs however few queries it
+    carries: what one more query in a batch saves against a call of its own.
+
+    >>> cost = CallCost()
+    >>> for n in (2, 6, 3, 8, 4):
+    ...     cost.add(n, 0.010 + 0.002 * n)
+    >>> [round(x, 4) for x in cost.fit()]  # 10 ms a call, 2 ms a query
+    [0.01, 0.002]
+    >>> cost.company_pays()
+    True
+    """
+
+    __slots__ = ("_n", "_nn", "_nt", "_t", "_w")
+
+    def __init__(self) -> None:
+        self._w = self._n = self._nn = self._t = self._nt = 0.0
+
+    def add(self, queries: int, seconds: float) -> None:
+        """Fold in one batch of ``queries`` that took ``seconds``."""
+        d = _COST_DECAY
+        self._w = self._w * d + 1.0
+        self._n = self._n * d + queries
+        self._nn = self._nn * d + queries * queries
+        self._t = self._t * d + seconds
+        self._nt = self._nt * d + queries * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """``(fixed, per_query)`` seconds; None until the batches' sizes have varied."""
+        w = self._w
+        if w <= 0:
+            return None
+        mean_n = self._n / w
+        spread = self._nn / w - mean_n * mean_n
+        if spread < _COST_MIN_SPREAD:
+            return None  # every batch about one size: the line is not determined
+        per_query = max(0.0, (self._nt / w - mean_n * self._t / w) / spread)
+        return max(0.0, self._t / w - per_query * mean_n), per_query
+
+    def company_pays(self) -> bool:
+        """Whether gathering queries pays: not known yet, or a call costs at least a query.
+
+        Then a second query in a call costs at most half of what it would alone.
+        """
+        fitted = self.fit()
+        return fitted is None or fitted[0] >= fitted[1]
+
+
 _LONE_WEIGHT = 0.25  # weight of the newest lone query in the moving average of their time
 Retrieved = tuple[int, Hits, npt.NDArray[np.float32], int]
 """One query's answer: the epoch read, its hits, the query's unit vector, the generation."""
@@ -159,11 +233,13 @@ class QueryBatcher:
         timeout_s: float = 30.0,
         inline_max_ms: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.retrieval = retrieval
         self.timeout_s = timeout_s
         self.inline_max_s = inline_max_ms / 1000
         self._clock = clock
+        self._cpu_clock = cpu_clock  # the calling thread's CPU seconds
         self._waiting = 0  # queries handed to the workers and not answered yet (loop only)
         self._lone_s: float | None = None  # moving average of a lone query's time
         self.max_batch = max_batch
@@ -173,9 +249,14 @@ class QueryBatcher:
         self._busy_lock = threading.Lock()
         self._dumped = False  # the threads' stacks went to the log once (a timeout)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        # Each worker's batches: does a call cost in itself? (Its own, as it is
+        # the only thread that adds to it.)
+        self._costs = [CallCost() for _ in range(workers)]
         self._threads = [
-            threading.Thread(target=self._work, name=f"streamrag-query-{i}", daemon=True)
-            for i in range(workers)
+            threading.Thread(
+                target=self._work, args=(cost,), name=f"streamrag-query-{i}", daemon=True
+            )
+            for i, cost in enumerate(self._costs)
         ]
         for thread in self._threads:
             thread.start()
@@ -267,7 +348,7 @@ class QueryBatcher:
             with contextlib.suppress(Exception):  # no usable stderr: the warning stands alone
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
-    def _work(self) -> None:
+    def _work(self, cost: CallCost) -> None:
         last_size = 1
         last_s = 0.0  # how long the last batch took
         while True:
@@ -277,20 +358,25 @@ class QueryBatcher:
             batch = [first]
             # Under concurrency (the last batch had company) wait up to max_wait
             # for more: one product over 16 queries costs about as much as over 4.
-            # A lone client never waits.
-            deadline = time.monotonic() + (self.max_wait_s if last_size > 1 else 0.0)
+            # A lone client never waits, nor does a worker whose calls cost
+            # nothing in themselves (MiniLM in int8 embeds each query alone).
+            # (A remote embedder's call costs a round trip, which CPU time does not show.)
+            company = cost.company_pays() or not self.retrieval.pin().in_process
+            wait = self.max_wait_s if last_size > 1 and company else 0.0
+            deadline = time.monotonic() + wait
             stop = False
             while len(batch) < self.max_batch:
                 # Past as many as the last batch had, waiting for more pays only
-                # when a batch costs far more than the wait (MiniLM: tens of ms a
-                # call); over a cheap embedder (hashing: a batch of 2 in ~1 ms) a
-                # wait for a third query that may never come doubles the latency.
+                # when a batch costs far more than the wait (MiniLM through
+                # PyTorch: tens of ms a call); over a cheap embedder (hashing: a
+                # batch of 2 in ~1 ms) a wait for a third query that may never
+                # come doubles the latency.
                 patient = len(batch) < last_size or last_s >= _PATIENT * self.max_wait_s
                 remaining = deadline - time.monotonic() if patient else 0.0
                 # While another worker embeds, a small batch keeps gathering
                 # instead of competing with it for the cores: one call over
                 # many queries beats two concurrent calls over a few each.
-                hold = self._busy > 0 and len(batch) < self.min_parallel_batch
+                hold = company and self._busy > 0 and len(batch) < self.min_parallel_batch
                 try:
                     if remaining > 0:
                         item = self._queue.get(timeout=remaining)
@@ -311,7 +397,10 @@ class QueryBatcher:
             with self._busy_lock:
                 self._busy += 1
             try:
+                cpu0 = self._cpu_clock()
                 last_s = self._answer(batch, answers)
+                if last_s > 0:
+                    cost.add(len(batch), self._cpu_clock() - cpu0)
             except Exception as exc:  # the worker outlives any one batch
                 log.exception("a batch of %d queries failed", len(batch))
                 answers += [(r, _fail, exc) for r in batch]  # a query answered keeps its answer
