@@ -341,14 +341,16 @@ class ServeSettings(_Frozen):
         2.0,
         ge=0,
         description="Under concurrency, how long a batch waits for more queries; "
-        "a lone query never waits.",
+        "a lone query never waits, nor one whose embedding calls cost little beyond their "
+        "queries (MiniLM in int8).",
     )
     min_parallel_batch: int = Field(
         8,
         ge=1,
         description="While one query worker embeds, another starts only with at least this "
         "many queries (else it keeps gathering): fewer, larger embedding calls when the "
-        "embedder is the bottleneck (MiniLM); 1 = start at once.",
+        "embedder is the bottleneck (MiniLM through PyTorch; not where a call costs little "
+        "beyond its queries, as MiniLM in int8); 1 = start at once.",
     )
     inline_query_ms: float = Field(
         2.0,
