@@ -144,7 +144,8 @@ def goals() -> list[Row]:
     for name in ("hashing", "minilm"):
         out.append(
             _goal(
-                f"query p99 while ingest runs flat out / at rest ({name})",
+                f"query p99 while ingest runs flat out / at rest "
+                f"({_get(contention, 'cases', name, 'embedder') or name})",
                 _get(contention, "cases", name, "p99_ratio"),
                 1.5,
                 False,
