@@ -29,7 +29,7 @@ import numpy as np
 from eventtime import embed_curve, window_count
 from ingest import proc_status_kib
 from server import ServerProcess
-from serving import serving_section
+from serving import section_with_params
 from workload import Change, Workload, WorkloadSpec, final_state, format_time, make_workload
 
 from streamrag.config import BatcherSettings, SourceSettings
@@ -792,20 +792,11 @@ def main(argv: list[str] | None = None) -> int:
             _section(
                 res,
                 "serving_minilm",
-                lambda: serving_section(
+                lambda: section_with_params(
                     tmp / "serving",
-                    concurrencies=p.serving_concurrencies,
-                    duration_s=p.serving_duration_s,
-                    warmup_s=p.serving_warmup_s,
-                    raw_budget_s=p.serving_raw_budget_s,
-                    k=p.k,
-                    loadgen=lambda url, q, c: loadgen(
-                        url, q, c, p, p.serving_duration_s, p.serving_warmup_s
-                    ),
-                    log=log,
-                    run_json=run_json,
-                    out_dir=a.out,
-                    head={"command": "benchmarks/run.py", "machine": res["machine"]},
+                    p,
+                    a.out,
+                    {"command": "benchmarks/run.py", "machine": res["machine"]},
                 ),
                 "serving(minilm)",
             )

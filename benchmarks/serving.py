@@ -151,11 +151,12 @@ def serving_section(
     embedder: str = "minilm-onnx",
     out_dir: Path | None = None,
     head: dict[str, Any] | None = None,
+    name: str = "serving",
 ) -> dict[str, Any]:
     """Both servers under load, then the raw ceiling; QPS ratios per concurrency.
 
     With ``out_dir`` (and ``head``: the command and machine), also writes
-    ``serving.{json,md}`` there, which the goals table reads.
+    ``<name>.{json,md}`` there (``serving``: what the goals table reads).
     """
     section = f"serving({embedder})"
     # The same environment as the raw measurement (run.py's helper processes).
@@ -227,7 +228,7 @@ def serving_section(
             r["ratio_to_raw_at_clients_batch"] = r["qps"] / own if own else None
     log(section, f"raw ceiling {ceiling:.0f} QPS (best batch size on {WORKERS} threads)")
     if out_dir is not None:
-        write_results(out_dir, "serving", out, head or {})
+        write_results(out_dir, name, out, head or {})
     return out
 
 
@@ -295,30 +296,43 @@ def write_results(out_dir: Path, name: str, section: dict[str, Any], head: dict[
     (out_dir / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
+def section_with_params(
+    work: Path,
+    p: Any,
+    out_dir: Path,
+    head: dict[str, Any],
+    embedder: str = "minilm-onnx",
+    name: str = "serving",
+) -> dict[str, Any]:
+    """:func:`serving_section` with run.py's load generator and parameters ``p`` (its Params)."""
+    from run import loadgen, log, run_json
+
+    return serving_section(
+        work,
+        concurrencies=p.serving_concurrencies,
+        duration_s=p.serving_duration_s,
+        warmup_s=p.serving_warmup_s,
+        raw_budget_s=p.serving_raw_budget_s,
+        k=p.k,
+        loadgen=lambda url, q, c: loadgen(url, q, c, p, p.serving_duration_s, p.serving_warmup_s),
+        log=log,
+        run_json=run_json,
+        embedder=embedder,
+        out_dir=out_dir,
+        head=head,
+        name=name,
+    )
+
+
 def _section_alone(embedder: str, out_dir: Path, name: str, argv: list[str]) -> int:
     """This section on its own, with run.py's load generator and parameters."""
     import tempfile
 
-    from run import Params, loadgen, log, machine_info, run_json
+    from run import Params, machine_info
 
-    p = Params()
     head = {"command": "benchmarks/serving.py " + " ".join(argv), "machine": machine_info()}
     with tempfile.TemporaryDirectory(prefix="streamrag-serving-") as tmp:
-        section = serving_section(
-            Path(tmp) / "serving",
-            concurrencies=p.serving_concurrencies,
-            duration_s=p.serving_duration_s,
-            warmup_s=p.serving_warmup_s,
-            raw_budget_s=p.serving_raw_budget_s,
-            k=p.k,
-            loadgen=lambda url, q, c: loadgen(
-                url, q, c, p, p.serving_duration_s, p.serving_warmup_s
-            ),
-            log=log,
-            run_json=run_json,
-            embedder=embedder,
-        )
-    write_results(out_dir, name, section, head)
+        section_with_params(Path(tmp) / "serving", Params(), out_dir, head, embedder, name)
     print((out_dir / f"{name}.md").read_text())
     return 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,8 +21,13 @@ from tests.serve.test_answer_api import make_service
 T = TypeVar("T")
 
 
-def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None:
-    svc = make_service(tmp_path)
+def _three_behind_a_stalled_one(
+    svc: Any, batcher: QueryBatcher, taken: Callable[[list[tuple[int, bool]]], bool]
+) -> list[tuple[int, bool]]:
+    """One query's embedding call stalls; three more arrive. Each call: (size, after release).
+
+    The stalled call is let go once ``taken(calls)`` holds.
+    """
     gate = threading.Event()
     released = threading.Event()
     calls: list[tuple[int, bool]] = []
@@ -35,8 +40,7 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
             gate.wait(10)
         return original(queries)
 
-    gen.embed_many = spy  # type: ignore[method-assign]
-    batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
+    gen.embed_many = spy
     flt = SearchFilter(tenant="acme")
 
     async def scenario() -> list[int]:
@@ -46,9 +50,7 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
             asyncio.ensure_future(batcher.retrieve(q, 1, flt))
             for q in ("backups", "vault", "restart")
         ]
-        # The idle worker takes the three queries and holds them: three are not worth
-        # a second concurrent embedding call.
-        await asyncio.to_thread(wait_for, batcher._queue.empty, 10, "the queries taken")
+        await asyncio.to_thread(wait_for, lambda: taken(calls), 10, "the three taken")
         released.set()
         gate.set()
         answers = await asyncio.gather(first, *rest)
@@ -58,55 +60,46 @@ def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None
         assert asyncio.run(scenario()) == [1, 1, 1, 1]
     finally:
         batcher.close()
+    return calls
+
+
+def _flat_costs(batcher: QueryBatcher) -> None:
+    """The workers' batches so far cost 3 ms a query and nothing a call (MiniLM in int8)."""
+    for cost in batcher._costs:
+        for n in (1, 4, 2, 8, 3):
+            cost.add(n, 0.003 * n)
+
+
+def test_a_small_batch_waits_while_another_worker_embeds(tmp_path: Path) -> None:
+    svc = make_service(tmp_path)
+    batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
+    # The idle worker takes the three queries and holds them: three are not worth
+    # a second concurrent embedding call.
+    calls = _three_behind_a_stalled_one(svc, batcher, lambda _: batcher._queue.empty())
     assert calls == [(1, False), (3, True)]
 
 
 def test_a_worker_whose_calls_cost_nothing_in_themselves_does_not_hold(tmp_path: Path) -> None:
     """MiniLM in int8: a call costs its queries and little else, so company saves nothing."""
     svc = make_service(tmp_path)
-    gate = threading.Event()
-    released = threading.Event()
-    calls: list[tuple[int, bool]] = []
-    gen = svc.pin()
-    original = gen.embed_many
-
-    def spy(queries):  # type: ignore[no-untyped-def]
-        calls.append((len(queries), released.is_set()))
-        if len(calls) == 1:
-            gate.wait(10)
-        return original(queries)
-
-    gen.embed_many = spy  # type: ignore[method-assign]
-    # The same settings as the test above, which holds; the workers' batches so far
-    # cost 3 ms a query and nothing a call.
     batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
-    for cost in batcher._costs:
-        for n in (1, 4, 2, 8, 3):
-            cost.add(n, 0.003 * n)
-    flt = SearchFilter(tenant="acme")
-
-    async def scenario() -> list[int]:
-        first = asyncio.ensure_future(batcher.retrieve("database password", 1, flt))
-        await asyncio.to_thread(wait_for, lambda: calls, 10, "the first embedding call")
-        rest = [
-            asyncio.ensure_future(batcher.retrieve(q, 1, flt))
-            for q in ("backups", "vault", "restart")
-        ]
-        # The idle worker embeds them while the first call is still stalled.
-        await asyncio.to_thread(
-            wait_for, lambda: sum(n for n, _ in calls) == 4, 10, "the three embedded"
-        )
-        released.set()
-        gate.set()
-        answers = await asyncio.gather(first, *rest)
-        return [len(hits) for _, hits in answers]
-
-    try:
-        assert asyncio.run(scenario()) == [1, 1, 1, 1]
-    finally:
-        batcher.close()
+    _flat_costs(batcher)
+    # The idle worker embeds them while the first call is still stalled.
+    calls = _three_behind_a_stalled_one(svc, batcher, lambda c: sum(n for n, _ in c) == 4)
     assert calls[0] == (1, False)
     assert all(not after for _, after in calls)
+
+
+def test_a_worker_over_a_remote_embedder_holds_whatever_its_cpu_time_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote call costs a round trip that the worker's CPU time does not show."""
+    svc = make_service(tmp_path)
+    monkeypatch.setattr(type(svc.pin().embedder), "in_process", False, raising=False)
+    batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
+    _flat_costs(batcher)
+    calls = _three_behind_a_stalled_one(svc, batcher, lambda _: batcher._queue.empty())
+    assert calls == [(1, False), (3, True)]
 
 
 def test_the_call_cost_fit_finds_what_a_call_costs_in_itself() -> None:
