@@ -102,6 +102,55 @@ def test_a_worker_over_a_remote_embedder_holds_whatever_its_cpu_time_says(
     assert calls == [(1, False), (3, True)]
 
 
+def test_a_worker_learns_from_its_batches_cpu_time_that_company_does_not_pay(
+    tmp_path: Path,
+) -> None:
+    """The fit is fed by the worker: each batch's CPU time (the injected clock), by size."""
+    svc = make_service(tmp_path)
+    cpu = [0.0]
+    gate = threading.Event()
+    sizes: list[int] = []
+    gen = svc.pin()
+    original = gen.embed_many
+
+    def flat(queries):  # type: ignore[no-untyped-def]
+        sizes.append(len(queries))
+        if len(queries) == 1:
+            gate.wait(10)  # a lone call stalls until the round's queries are queued
+        # 3 ms of CPU a query and nothing a call; the wall time (the gate) is no CPU.
+        cpu[0] += 0.003 * len(queries)
+        return original(queries)
+
+    gen.embed_many = flat
+    batcher = QueryBatcher(svc, workers=1, max_wait_ms=0, cpu_clock=lambda: cpu[0])
+    flt = SearchFilter(tenant="acme")
+
+    async def rounds() -> None:
+        for size in (2, 5, 3, 6):
+            gate.clear()
+            lone = asyncio.ensure_future(batcher.retrieve("stalls", 1, flt))
+            calls = len(sizes)
+            await asyncio.to_thread(wait_for, lambda n=calls: len(sizes) > n, 10, "the lone call")
+            behind = [asyncio.ensure_future(batcher.retrieve(f"q{i}", 1, flt)) for i in range(size)]
+            await asyncio.to_thread(
+                wait_for, lambda s=size: batcher._queue.qsize() == s, 10, "the round queued"
+            )
+            gate.set()  # the worker then takes the whole round as one batch
+            await asyncio.wait_for(asyncio.gather(lone, *behind), 10)
+
+    try:
+        asyncio.run(rounds())
+    finally:
+        batcher.close()
+    assert sizes == [1, 2, 1, 5, 1, 3, 1, 6]
+    fitted = batcher._costs[0].fit()
+    assert fitted is not None
+    fixed, per_query = fitted
+    assert fixed == pytest.approx(0.0, abs=1e-6)
+    assert per_query == pytest.approx(0.003)
+    assert not batcher._costs[0].company_pays()
+
+
 def test_the_call_cost_fit_finds_what_a_call_costs_in_itself() -> None:
     cost = CallCost()
     assert cost.fit() is None  # nothing measured: gather

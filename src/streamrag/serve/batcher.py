@@ -30,13 +30,15 @@ the interpreter lock or for a core does not inflate) to *fixed + per-query ×
 size* by least squares over recent batches (:class:`CallCost`). Where a call's
 fixed cost is below what one query adds, a second query in the same call saves
 less than half its cost, and the worker neither waits for company nor holds a
-small batch. MiniLM in int8 through ONNX Runtime embeds each text alone (fitted
-in the server: ~1 ms a call, ~2.7 ms a query); there a worker that waited sat
-idle while its clients' next queries were on their way. At 16 clients
+small batch. MiniLM in int8 through ONNX Runtime embeds each text alone (2.7 ms
+a query in one thread; in the server the fit put a call's own cost at a fifth to
+a third of a query's); there a worker that waited sat idle while its clients'
+next queries were on their way. At 16 clients
 (`serving.py`'s server, four alternated rounds each) 339-370 queries/s before,
 458-478 after (mean batch 8.3 → 3.5); at 64 clients 515-609 before, 488-592
 after. MiniLM through PyTorch (~9 ms a call, ~4.6 ms a query) and hashing over
-20,000 documents (~3.9 ms a call, ~0.2 ms a query, in-process) keep gathering.
+20,000 documents (~3.9 ms a call, ~0.2 ms a query; both in one thread) keep
+gathering.
 Until a worker's batches have varied in size enough to fit, it gathers, and
 over a remote embedder (whose call costs a round trip that CPU time does not
 show) it always does.
