@@ -136,6 +136,13 @@ class IngestSettings(_Frozen):
     share_core: bool = Field(
         True, description="Reader and committer on one CPU (Linux): cheaper turns at Python's lock."
     )
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="How much lower the reader's and committer's CPU priority is than the "
+        "process's (Linux; 0: the same): above 0 queries come first when the cores are busy.",
+    )
 
 
 class ChunkingSettings(_Frozen):

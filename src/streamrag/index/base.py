@@ -66,13 +66,16 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class DocOp:
+class DocOp(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One document's change in a commit.
 
     Its chunks are rows ``[first_chunk, first_chunk + n_chunks)`` of the batch.
     ``metadata`` is the document's own metadata (JSON scalars by key), which
     queries can filter on with :class:`MetaPredicate`.
+
+    A ``msgspec`` struct: made once per change on the commit path, it is built
+    in C, untracked by the garbage collector (it holds no cycle), and encodes
+    as the array of its fields — the write-ahead log's layout of a document.
     """
 
     tenant: str

@@ -29,7 +29,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,7 +46,17 @@ __all__ = ["WalRecord", "WriteAheadLog", "fsync_dir"]
 log = logging.getLogger("streamrag.index")
 
 _HEADER = struct.Struct("<II")
-_encode = msgspec.msgpack.Encoder().encode
+
+
+def _as_plain(obj: Any) -> Any:
+    """A mapping that is not a dict (a read-only view of metadata) is written as one."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    msg = f"cannot write a {type(obj).__name__} into the write-ahead log"
+    raise NotImplementedError(msg)
+
+
+_encode = msgspec.msgpack.Encoder(enc_hook=_as_plain).encode
 _decode = msgspec.msgpack.Decoder().decode
 
 
@@ -69,27 +79,15 @@ def fsync_dir(path: Path) -> None:
 
 
 def encode_record(epoch: int, committed_at_us: int, batch: CommitBatch) -> bytes:
-    """A framed record for one commit."""
-    docs = [
-        [
-            d.tenant,
-            d.doc_id,
-            int(d.op),
-            d.event_time,
-            d.offset,
-            d.source,
-            d.domain,
-            d.first_chunk,
-            d.n_chunks,
-            dict(d.metadata) if d.metadata else None,
-        ]
-        for d in batch.docs
-    ]
+    """A framed record for one commit.
+
+    Each document is the array of its :class:`~streamrag.index.base.DocOp` fields.
+    """
     payload = _encode(
         {
             "e": epoch,
             "t": committed_at_us,
-            "docs": docs,
+            "docs": batch.docs,
             "ids": np.ascontiguousarray(batch.chunk_ids, dtype=np.int64).tobytes(),
             "pos": np.ascontiguousarray(batch.positions, dtype=np.int32).tobytes(),
             "texts": batch.texts,

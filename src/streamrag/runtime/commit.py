@@ -39,9 +39,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -563,7 +564,7 @@ def _set_poison_aside(
             letters.append(change_letter(pending.changes, p.doc_rows[k], "embed", reason))
             continue
         if d.op == Op.UPSERT:
-            d = replace(d, first_chunk=len(keep))
+            d = msgspec.structs.replace(d, first_chunk=len(keep))
             keep.extend(rows)
         docs.append(d)
     p.docs = docs

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 
 from streamrag.errors import StreamragError
-from streamrag.runtime.affinity import ingest_cpu, pin_this_thread
+from streamrag.runtime.affinity import ingest_cpu, lower_this_thread, pin_this_thread
 from streamrag.runtime.pipeline import Pipeline
 from streamrag.sources.base import WakeEvent, Wakes
 from streamrag.sources.multi import MultiSourceReader
@@ -54,6 +54,7 @@ class PipelineRunner:
         max_backoff_s: float = 5.0,
         overlap: bool = True,
         share_core: bool = True,
+        nice: int = 0,
     ) -> None:
         self.pipeline = pipeline
         self.poll_interval_s = poll_interval_ms / 1000
@@ -62,6 +63,8 @@ class PipelineRunner:
         self.overlap = overlap
         self.cpu = ingest_cpu() if share_core else None
         """The CPU the loop threads run on (:mod:`streamrag.runtime.affinity`); None: any."""
+        self.nice = nice
+        """How much lower the loop threads' CPU priority is than the process's (0: the same)."""
         self.errors = 0
         self.last_error: str | None = None
         self._stop = threading.Event()
@@ -123,6 +126,11 @@ class PipelineRunner:
 
     # -- loops -----------------------------------------------------------------
 
+    def _place_this_thread(self) -> None:
+        """Put a loop thread on its CPU, at its priority."""
+        pin_this_thread(self.cpu)
+        lower_this_thread(self.nice)
+
     def _guarded(self, work: Callable[[], bool], backoff: list[float]) -> bool | None:
         """Run one unit of work; on failure log, count, back off and return None."""
         try:
@@ -141,7 +149,7 @@ class PipelineRunner:
         return did
 
     def _read_loop(self) -> None:
-        pin_this_thread(self.cpu)
+        self._place_this_thread()
         backoff = [0.05]
         try:
             while not self._stop.is_set():
@@ -167,7 +175,7 @@ class PipelineRunner:
             self._stop.wait(self.poll_interval_s)
 
     def _commit_loop(self) -> None:
-        pin_this_thread(self.cpu)
+        self._place_this_thread()
         pipeline = self.pipeline
         backoff = [0.05]
         while not self._stop.is_set():
@@ -185,7 +193,7 @@ class PipelineRunner:
         self._close()
 
     def _single_loop(self) -> None:
-        pin_this_thread(self.cpu)
+        self._place_this_thread()
         pipeline = self.pipeline
         backoff = [0.05]
         while not self._stop.is_set():

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -397,18 +398,7 @@ def _without(docs: list[DocOp], bad: set[int]) -> tuple[list[DocOp], list[int]]:
 
 
 def _moved(d: DocOp, first: int) -> DocOp:
-    return DocOp(
-        d.tenant,
-        d.doc_id,
-        d.op,
-        d.event_time,
-        d.offset,
-        d.source,
-        d.domain,
-        first,
-        d.n_chunks,
-        d.metadata,
-    )
+    return msgspec.structs.replace(d, first_chunk=first)
 
 
 def _owner(docs: Sequence[DocOp], slot: int) -> DocOp | None:

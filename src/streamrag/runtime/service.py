@@ -123,6 +123,7 @@ class Service:
             poll_interval_ms=settings.source.poll_interval_ms,
             wake_timeout_ms=settings.source.wake_timeout_ms,
             share_core=settings.ingest.share_core,
+            nice=settings.ingest.nice,
         )
 
     def _push_journal(self) -> PushJournal:
