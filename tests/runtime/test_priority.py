@@ -6,16 +6,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
-from collections import defaultdict
-from typing import Any
 
 import pytest
 
 from streamrag.runtime import PipelineRunner
 from streamrag.runtime.affinity import lower_this_thread
-from streamrag.testing import ScriptedSource, change_line
+from streamrag.testing import ScriptedSource
 from tests.conftest import PipelineFactory
+from tests.runtime.loop_threads import backlog, record_per_loop, run_until_both_loops_worked
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="a thread's own nice value is a Linux feature"
@@ -32,27 +30,13 @@ def test_the_loop_threads_run_at_the_lower_priority_and_nothing_else_does(
 ) -> None:
     base = _nice_of_this_thread()
     src = ScriptedSource()
-    lines = [change_line(f"d{i}", 1_700_000_000 + i, f"text {i}") for i in range(50)]
+    lines = backlog(40, 5)  # many versions of each document in every micro-batch, a bad line
     src.push(*lines)
     pipeline = pipeline_factory(src)
-    seen: dict[str, set[int]] = defaultdict(set)
-    for name in ("poll", "flush"):
-        work = getattr(pipeline, name)
-
-        def spy(*args: Any, _work: Any = work, **kwargs: Any) -> Any:
-            seen[threading.current_thread().name].add(_nice_of_this_thread())
-            return _work(*args, **kwargs)
-
-        setattr(pipeline, name, spy)
-    runner = PipelineRunner(pipeline, poll_interval_ms=1, nice=nice)
-    runner.start()
-    try:
-        give_up = time.monotonic() + 10
-        while len(seen) < 2 and time.monotonic() < give_up:
-            time.sleep(0.002)  # waiting for both loops to have worked, not for time
-    finally:
-        runner.stop()
-    assert pipeline.stats.applied == len(lines)
+    seen = record_per_loop(pipeline, _nice_of_this_thread)
+    run_until_both_loops_worked(PipelineRunner(pipeline, poll_interval_ms=1, nice=nice), seen)
+    stats = pipeline.stats
+    assert (stats.applied, stats.dead_lettered) == (len(lines) - 1, 1)  # every record counted
     want = {min(base + nice, 19)}
     assert seen == {"streamrag-read": want, "streamrag-commit": want}
     assert _nice_of_this_thread() == base  # the thread that started them keeps its own
