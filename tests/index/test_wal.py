@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import errno
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import msgspec
 import pytest
 
 from streamrag.changes import Op
 from streamrag.errors import IndexStoreError
-from streamrag.index.wal import WriteAheadLog
+from streamrag.index.wal import WriteAheadLog, decode_payload, encode_record
 
 from .reference import Change, make_batch
 
@@ -57,3 +59,36 @@ def test_a_failed_append_is_cut_off_so_the_retry_follows_the_last_whole_record(
     wal.append(3, 0, _batch(3))
     wal.close()
     assert [r.epoch for r in WriteAheadLog(tmp_path).replay(0)] == [1, 2, 3]
+
+
+def test_a_record_keeps_the_layout_older_logs_were_written_in(tmp_path: Path) -> None:
+    """Each document is the array of its ten fields, the op as its number, a read-only
+    metadata view as a plain map: a log written before replays, and round-trips."""
+    changes = [
+        Change("a", Op.UPSERT, 5, 2, (1, 2), metadata={"lang": "en", "n": 3}),
+        Change("a", Op.UPSERT, 3, 1, (3,)),  # a late version of the same document
+        Change("b", Op.DELETE, 4, 3),
+        Change("c", Op.UPSERT, 6, 4, (4,), tenant="t2", domain="it"),
+    ]
+    batch = make_batch(changes, 8)
+    viewed = dataclasses.replace(
+        batch,
+        docs=[
+            msgspec.structs.replace(d, metadata=MappingProxyType(dict(d.metadata)))
+            if d.metadata
+            else d
+            for d in batch.docs
+        ],
+    )
+    payload = encode_record(7, 9, viewed)[8:]
+    written = msgspec.msgpack.decode(payload)["docs"]
+    assert written == [
+        [
+            *(d.tenant, d.doc_id, int(d.op), d.event_time, d.offset, d.source, d.domain),
+            *(d.first_chunk, d.n_chunks, dict(d.metadata) if d.metadata else None),
+        ]
+        for d in batch.docs
+    ]
+    assert decode_payload(payload).batch.docs == batch.docs
+    with pytest.raises(IndexStoreError, match="cannot write a object into the write-ahead log"):
+        encode_record(7, 9, dataclasses.replace(batch, cursor={"x": object()}))

@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
+from streamrag.config import load_settings
 from streamrag.runtime import PipelineRunner
 from streamrag.runtime.affinity import lower_this_thread
+from streamrag.runtime.service import Service
 from streamrag.testing import ScriptedSource
 from tests.conftest import PipelineFactory
 from tests.runtime.loop_threads import backlog, record_per_loop, run_until_both_loops_worked
@@ -57,3 +61,41 @@ def test_lowering_applies_to_the_calling_thread_only() -> None:
     assert got == [min(base + 3, 19)]
     assert _nice_of_this_thread() == base
     assert not lower_this_thread(0)  # 0: nothing to change
+
+
+def test_a_worker_that_embeds_ahead_runs_at_the_loop_threads_priority(tmp_path: Path) -> None:
+    """The worker is started by a loop thread (the first queued change): it inherits the
+    lower priority, so ingest's embedding gives way to queries too."""
+    base = _nice_of_this_thread()
+    lines = backlog(60, 3)
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    settings = load_settings(
+        overrides={
+            "source.path": str(src),
+            "state_dir": str(tmp_path / "state"),
+            "embedder.class": "hashing",
+            "embedder.args": {"dim": 32},
+            "embedder.ahead": "process",
+            "ingest.nice": 6,
+        },
+        environ={},
+    )
+    service = Service(settings)
+    ahead = service.pipeline.embedding.ahead
+    assert ahead is not None
+    service.start()
+    try:
+        give_up = time.monotonic() + 60  # a bound for a cold interpreter on a busy machine
+        while ahead.pid is None and time.monotonic() < give_up:
+            time.sleep(0.01)  # waiting for the reader to queue a change and start it
+        assert ahead.pid is not None, ahead.refused
+        worker_nice = os.getpriority(os.PRIO_PROCESS, ahead.pid)
+        while service.pipeline.stats.ingested < len(lines) and time.monotonic() < give_up:
+            time.sleep(0.01)  # waiting for the backlog to be read, not for time
+    finally:
+        service.stop()
+    assert worker_nice == min(base + 6, 19)
+    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base
+    stats = service.pipeline.stats
+    assert (stats.applied, stats.dead_lettered) == (len(lines) - 1, 1)  # every record counted

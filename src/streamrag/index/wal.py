@@ -53,7 +53,7 @@ def _as_plain(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return dict(obj)
     msg = f"cannot write a {type(obj).__name__} into the write-ahead log"
-    raise NotImplementedError(msg)
+    raise IndexStoreError(msg)
 
 
 _encode = msgspec.msgpack.Encoder(enc_hook=_as_plain).encode
