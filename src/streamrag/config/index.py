@@ -48,6 +48,13 @@ class IndexSettings(Frozen):
         "exactly keep a half-precision copy, through which single queries scan half the "
         "bytes, still exactly (1.5x here; 50% more memory for those vectors).",
     )
+    scan_threads: int = Field(
+        0,
+        ge=0,
+        description="Threads one query's exact scan may split its rows across while they are "
+        "idle (never waiting for a busy one): 0 = one per CPU the process may use; 1 = never "
+        "split.",
+    )
     ivfpq_min_rows: int = Field(
         2_000_000,
         gt=0,

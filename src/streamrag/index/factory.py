@@ -12,6 +12,7 @@ in code without settings behaves as one built from an empty configuration.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from streamrag.config import IndexSettings
@@ -49,7 +50,7 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
             ivf_nprobe=settings.ivf_nprobe,
             build_threads=settings.build_threads,
         ),
-        tuning=SearchTuning() if settings.half_copies else SearchTuning(half_min_rows=_NO_ANN),
+        tuning=_tuning(settings),
         compaction=CompactionSpec(
             fanout=settings.compact_fanout,
             max_segment_rows=settings.max_segment_rows,
@@ -60,6 +61,11 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
         wal_fsync=settings.wal_fsync,
         history=settings.history == "full",
     )
+
+
+def _tuning(settings: IndexSettings) -> SearchTuning:
+    tuning = SearchTuning(scan_threads=settings.scan_threads)
+    return tuning if settings.half_copies else replace(tuning, half_min_rows=_NO_ANN)
 
 
 def build_index(

@@ -32,13 +32,15 @@ plus a merge. ANN segments' top-``k`` lists are merged with that by score.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 
 from streamrag.index.hits import Hits, HitTable
+from streamrag.index.scan_helpers import ScanHelpers, scan_helpers
 from streamrag.index.segment import NEVER, ReadSpec, Segment
 from streamrag.index.topk import top_k
 
@@ -63,6 +65,14 @@ class SearchTuning:
     # a scan that stays in the CPU's cache gains nothing from reading half the bytes.
     half_min_bytes: int = 16 << 20
     half_max_queries: int = 3  # more per call: the float32 matrix product is as fast
+    # Threads one exact scan may split across while they are idle (0: every CPU of
+    # the process; 1: never split), each range at least ``split_min_rows`` wide.
+    scan_threads: int = 0
+    split_min_rows: int = 4096
+
+    def helpers(self) -> ScanHelpers | None:
+        """The process's scan helpers for this tuning (:mod:`.scan_helpers`); None: scan alone."""
+        return None if self.scan_threads == 1 else scan_helpers(self.scan_threads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +106,8 @@ def search_segments(
         found = _search_one(seg, n, queries, k, spec, plain, latest, tuning, scan)
         if found is not None:
             parts.append(found)
-    if scan.parts:
-        parts.append(scan.top(queries, k))
+    if scan.parts or scan.halves:
+        parts.extend(scan.run(queries, k, tuning))
     if not parts:
         return [Hits.of([]) for _ in range(m)]
     if len(parts) == 1 and parts[0].ordered:
@@ -173,6 +183,28 @@ class _Part:
         return self.hi - self.lo if self.rows is None else int(self.rows.size)
 
 
+@dataclass(slots=True)
+class _Half:
+    """A sealed segment scanned through its half-precision copy (:mod:`.half`)."""
+
+    segment: Segment
+    rows: int
+    mask: npt.NDArray[np.bool_] | None
+    matching: int
+    found: _Found | None = None
+    proven: bool = True  # False: the copy could not prove its list; scan the float32 rows
+
+    def search(self, q: F32, k: int) -> None:
+        seg = self.segment
+        assert seg.half is not None
+        got = seg.half.search(seg.vectors, q, k, self.mask, self.matching)
+        if got is None:
+            self.proven = False
+            return
+        rows, scores = got
+        self.found = _Found(seg, scores, rows, ordered=True)
+
+
 class _Scan:
     """The exactly scanned segments of one search, scored into one row per query.
 
@@ -180,12 +212,74 @@ class _Scan:
     array, rows the filter rejects set to ``-inf``; :meth:`top` then selects
     the best ``k`` of every query once, over all parts. Scoring several
     segments this way costs what scoring one segment of their total size costs.
+    Sealed segments with a half-precision copy are searched through it, each
+    on its own (:meth:`add_half`).
+
+    :meth:`run` does all of it as tasks — each half-precision search, and the
+    float32 columns cut into ranges — that idle cores share
+    (:mod:`.scan_helpers`) when there is enough of it.
     """
 
-    __slots__ = ("parts",)
+    __slots__ = ("halves", "parts")
 
     def __init__(self) -> None:
         self.parts: list[_Part] = []
+        self.halves: list[_Half] = []
+
+    def add_half(
+        self,
+        seg: Segment,
+        n: int,
+        q: F32,
+        mask: npt.NDArray[np.bool_] | None,
+        tuning: SearchTuning,
+    ) -> bool:
+        """Search the segment through its half-precision copy; False: scan its float32 rows.
+
+        Used for a few queries at a time over most of the segment's rows: a
+        filter that admits under half of them is cheaper to score in float32 (a
+        slice or a gather of just those rows), and a batch of four or more
+        queries in one float32 matrix product (``tuning.half_max_queries``).
+        """
+        half = seg.half
+        if half is None or half.rows != n or q.shape[0] > tuning.half_max_queries:
+            return False
+        matching = n if mask is None else int(np.count_nonzero(mask))
+        if matching * 2 < n:
+            return False
+        self.halves.append(_Half(seg, n, mask, matching))
+        return True
+
+    def run(self, q: F32, k: int, tuning: SearchTuning) -> list[_Found]:
+        """Every half-precision search and the float32 scan; what they found.
+
+        A copy that cannot prove its list (many equal vectors near the top) has
+        its segment's float32 rows scanned afterwards, so the answer is the
+        same either way.
+        """
+        work = sum(h.rows for h in self.halves) + sum(p.width for p in self.parts)
+        helpers = tuning.helpers() if work >= 2 * tuning.split_min_rows else None
+        tasks: list[Callable[[], None]] = [partial(h.search, q, k) for h in self.halves]
+        top: Callable[[], _Found] | None = None
+        if self.parts:
+            pieces = 1 if helpers is None else helpers.helpers + 1
+            tasks_of_scan, top = self._begin(q, k, pieces, tuning.split_min_rows)
+            tasks += tasks_of_scan
+        if helpers is None or len(tasks) < 2:
+            for task in tasks:
+                task()
+        else:
+            helpers.run(tasks)
+        out = [h.found for h in self.halves if h.found is not None]
+        if top is not None:
+            out.append(top())
+        unproven = [h for h in self.halves if not h.proven]
+        if unproven:
+            again = _Scan()
+            for h in unproven:
+                again.add(h.segment, h.rows, h.mask)
+            out.extend(again.run(q, k, tuning))
+        return out
 
     def add(self, seg: Segment, n: int, mask: npt.NDArray[np.bool_] | None) -> None:
         """Score ``seg``'s first ``n`` rows where ``mask`` admits them (None: all)."""
@@ -208,22 +302,53 @@ class _Scan:
         else:
             self.parts.append(_Part(seg, 0, n, None, mask[:n]))
 
-    def top(self, q: F32, k: int) -> _Found:
-        """The best ``k`` rows over every part for each query, best first."""
+    def _fill(self, q: F32, scores: F32, starts: list[int], lo: int, hi: int) -> None:
+        """Score columns ``[lo, hi)`` of ``scores``: the parts' rows that fall in that range."""
+        for part, start in zip(self.parts, starts, strict=False):
+            a, b = max(lo, start), min(hi, start + part.width)
+            if a >= b:
+                continue
+            out = scores[:, a:b]
+            r0, r1 = a - start, b - start  # within the part
+            vectors = part.segment.vectors
+            if part.rows is not None:
+                _score(vectors[part.rows[r0:r1]], q, out)
+                continue
+            _score(vectors[part.lo + r0 : part.lo + r1], q, out)
+            if part.keep is not None:
+                np.copyto(out, -np.inf, where=~part.keep[r0:r1])
+
+    def _begin(
+        self, q: F32, k: int, pieces: int, min_piece: int
+    ) -> tuple[list[Callable[[], None]], Callable[[], _Found]]:
+        """The float32 scan as up to ``pieces`` column ranges of at least ``min_piece``.
+
+        Returns the tasks that score them and the call that then selects the
+        best ``k`` rows over every part for each query, best first.
+        """
         m = q.shape[0]
         widths = [p.width for p in self.parts]
         starts = np.cumsum([0, *widths])
         total = int(starts[-1])
         scores = np.empty((m, total), dtype=np.float32)
-        for part, start in zip(self.parts, starts.tolist(), strict=False):
-            out = scores[:, start : start + part.width]
-            vectors = part.segment.vectors
-            if part.rows is not None:
-                _score(vectors[part.rows], q, out)
-                continue
-            _score(vectors[part.lo : part.hi], q, out)
-            if part.keep is not None:
-                np.copyto(out, -np.inf, where=~part.keep)
+        first = starts.tolist()
+        n = max(1, min(pieces, total // max(1, min_piece)))
+        bounds = [total * i // n for i in range(n + 1)]
+        tasks: list[Callable[[], None]] = [
+            partial(self._fill, q, scores, first, bounds[i], bounds[i + 1]) for i in range(n)
+        ]
+        return tasks, partial(self._top, q, k, scores, starts)
+
+    def top(self, q: F32, k: int) -> _Found:
+        """The best ``k`` rows over every part for each query, best first (on this thread)."""
+        tasks, finish = self._begin(q, k, 1, 1)
+        for task in tasks:
+            task()
+        return finish()
+
+    def _top(self, q: F32, k: int, scores: F32, starts: I64) -> _Found:
+        m = q.shape[0]
+        total = scores.shape[1]
         kk = min(k, total)
         if kk < total:
             cols, picked = top_k(scores, kk)  # best first (a heap per query, not a sort)
@@ -307,10 +432,9 @@ def _search_one(
             exact_mask = seg.mask(n, spec)
             if exact_mask is None:
                 return None
-        found = _half(seg, n, q, k, exact_mask, tuning)
-        if found is None:
+        if not scan.add_half(seg, n, q, exact_mask, tuning):
             scan.add(seg, n, exact_mask)
-        return found
+        return None
     mask = None
     if latest and len(seg.tenant_codes.names) == 1:
         if seg.stamped == 0 and n > tuning.exact_max_rows:
@@ -337,34 +461,6 @@ def _search_one(
         scan.add(seg, n, mask)
         return None
     return _ann(seg, n, q, k, spec, mask, share)
-
-
-def _half(
-    seg: Segment,
-    n: int,
-    q: F32,
-    k: int,
-    mask: npt.NDArray[np.bool_] | None,
-    tuning: SearchTuning,
-) -> _Found | None:
-    """The exact top ``k`` through the segment's half-precision copy; None: scan it instead.
-
-    Used for a few queries at a time over most of the segment's rows: a filter
-    that admits under half of them is cheaper to score in float32 (a slice or a
-    gather of just those rows), and a batch of four or more queries in one
-    float32 matrix product (``tuning.half_max_queries``).
-    """
-    half = seg.half
-    if half is None or half.rows != n or q.shape[0] > tuning.half_max_queries:
-        return None
-    matching = n if mask is None else int(np.count_nonzero(mask))
-    if matching * 2 < n:
-        return None
-    got = half.search(seg.vectors, q, k, mask, matching)
-    if got is None:
-        return None
-    rows, scores = got
-    return _Found(seg, scores, rows, ordered=True)
 
 
 def _all_visible(seg: Segment, spec: ReadSpec) -> bool:

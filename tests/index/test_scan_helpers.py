@@ -1,0 +1,204 @@
+"""Idle cores share one search's exact scan, and the answer is the one a lone thread gives.
+
+The helpers (:mod:`streamrag.index.scan_helpers`) run a search's tasks — each
+half-precision search, and column ranges of the float32 scan — beside the
+calling thread while they are idle, and never make a search wait for a busy
+one. The search tests cut the float32 columns into ranges that fall inside
+segments, across masked and gathered rows, and make half-precision copies fail
+their proof (near-ties), so every path of the split is compared with the
+unsplit search and with brute force.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from streamrag.changes import Op
+from streamrag.index import LsmIndex, SearchFilter
+from streamrag.index.base import CommitBatch, DocOp
+from streamrag.index.scan_helpers import ScanHelpers, scan_helpers
+from streamrag.index.search import SearchTuning, _Half
+from tests.index.test_half import DIM, SPEC, _brute, _cluster, _unit
+
+WAIT_S = 10.0  # a bound for a test that would otherwise hang, never a pause
+
+
+def test_tasks_run_on_the_caller_and_an_idle_helper_at_once() -> None:
+    helpers = ScanHelpers(1)
+    try:
+        other_started = threading.Event()
+        ran: list[str] = []
+
+        def first() -> None:
+            ran.append(threading.current_thread().name)
+            # Only returns if the second task runs meanwhile, on another thread.
+            assert other_started.wait(WAIT_S), "the tasks ran one after the other"
+
+        def second() -> None:
+            ran.append(threading.current_thread().name)
+            other_started.set()
+
+        assert helpers.run([first, second]) == 1
+        assert len(ran) == 2
+        assert len(set(ran)) == 2
+        assert threading.current_thread().name in ran
+    finally:
+        helpers.close()
+
+
+def test_a_busy_helper_is_not_waited_for() -> None:
+    helpers = ScanHelpers(1)
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        assert release.wait(WAIT_S)
+
+    def quick() -> None:
+        pass
+
+    # One search keeps the only helper busy ...
+    busy = threading.Thread(target=helpers.run, args=([quick, hold],))
+    busy.start()
+    try:
+        assert holding.wait(WAIT_S)
+        # ... (or its own thread: then the helper ran ``quick`` and is idle again)
+        where: list[str] = []
+        used = helpers.run([lambda: where.append(threading.current_thread().name)] * 3)
+        assert len(where) == 3
+        if used == 0:  # the helper was busy: every task ran here, with no wait
+            assert set(where) == {threading.current_thread().name}
+    finally:
+        release.set()
+        busy.join(WAIT_S)
+        helpers.close()
+    assert not busy.is_alive()
+
+
+def test_every_task_runs_and_the_first_error_reaches_the_caller() -> None:
+    helpers = ScanHelpers(2)
+    done: list[int] = []
+    lock = threading.Lock()
+
+    def task(i: int) -> None:
+        if i == 3:
+            msg = "task 3 broke"
+            raise ValueError(msg)
+        with lock:
+            done.append(i)
+
+    try:
+        with pytest.raises(ValueError, match="task 3 broke"):
+            helpers.run([lambda i=i: task(i) for i in range(8)])
+        assert sorted(done) == [0, 1, 2, 4, 5, 6, 7]
+        # Every helper was given back: the next run can borrow them all again.
+        assert helpers.run([lambda: None] * 3) in (0, 1, 2)
+        assert helpers._idle == 2
+    finally:
+        helpers.close()
+
+
+def test_after_close_tasks_run_on_the_caller() -> None:
+    helpers = ScanHelpers(2)
+    helpers.close()
+    names: list[str] = []
+    assert helpers.run([lambda: names.append(threading.current_thread().name)] * 3) == 0
+    assert names == [threading.current_thread().name] * 3
+
+
+def _world(threads: int) -> tuple[LsmIndex, np.ndarray, list[str]]:
+    """Two sealed segments with half copies (a near-tie cluster in them) and a growing one."""
+    rows, _ = _cluster(11)  # 500 rows: 300 random, 200 near one direction
+    rng = np.random.default_rng(12)
+    extra = _unit(rng.standard_normal((180, DIM)))  # stays in the growing segment
+    everything = np.vstack([rows, extra])
+    n = everything.shape[0]
+    domains = ["b" if i % 4 == 0 else "a" for i in range(n)]
+    tuning = SearchTuning(
+        half_min_rows=1, half_min_bytes=0, scan_threads=threads, split_min_rows=40
+    )
+    index = LsmIndex(DIM, replace(SPEC, tuning=tuning), background=False)
+
+    def commit(lo: int, hi: int) -> None:
+        docs = [
+            DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i - lo, 1)
+            for i in range(lo, hi)
+        ]
+        index.commit(
+            CommitBatch(
+                docs=docs,
+                chunk_ids=np.arange(lo, hi, dtype=np.int64),
+                positions=np.zeros(hi - lo, np.int32),
+                texts=["x"] * (hi - lo),
+                hashes=[b"h"] * (hi - lo),
+                vectors=everything[lo:hi],
+                embedder_version="test",
+            )
+        )
+
+    commit(0, 500)
+    index.seal_all()
+    index.maintain()
+    commit(500, n)
+    return index, everything, domains
+
+
+def test_a_split_search_answers_as_a_lone_thread_and_brute_force_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    alone, rows, domains = _world(threads=1)
+    split, _, _ = _world(threads=4)
+    views = [v for v in split.pin().views if v.rows]
+    assert [v.segment.sealed for v in views] == [True, True, False]
+    assert all(v.segment.half is not None for v in views[:2]), "no copies: this tests nothing"
+    helpers = scan_helpers(4)
+    before = helpers.borrowed
+    unproven: list[bool] = []
+    search = _Half.search
+
+    def spy(self: _Half, q: np.ndarray, k: int) -> None:
+        search(self, q, k)
+        unproven.append(not self.proven)
+
+    monkeypatch.setattr(_Half, "search", spy)
+    rng = np.random.default_rng(13)
+    _, near = _cluster(11)
+    for m in (1, 3, 16):  # up to 3: through the copies; 16: the float32 product
+        queries = np.vstack([near, _unit(rng.standard_normal((m - 1, DIM)))]) if m > 1 else near
+        for name, flt in (
+            ("all", SearchFilter()),
+            ("a", SearchFilter(domains=frozenset({"a"}))),  # 3 of 4 rows: masked ranges
+            ("b", SearchFilter(domains=frozenset({"b"}))),  # 1 of 4: gathered rows
+        ):
+            mask = None if name == "all" else np.array([d == name for d in domains])
+            for k in (1, 5, 40):
+                _, want = alone.search_many(queries, k, flt)
+                _, got = split.search_many(queries, k, flt)
+                for i in range(m):
+                    ids = [h.chunk_id for h in got[i]]
+                    assert ids == [h.chunk_id for h in want[i]], (m, name, k, i)
+                    # A matrix product over part of the rows may sum in another
+                    # order: the same scores to float32 rounding.
+                    np.testing.assert_allclose(
+                        [h.score for h in got[i]], [h.score for h in want[i]], rtol=1e-6
+                    )
+                    if m <= 3:  # (a matrix product orders near-ties by its own rounding)
+                        assert ids == _brute(rows, queries[i], k, mask), (m, name, k, i)
+    assert helpers.borrowed > before, "no search was split: this tests nothing"
+    assert any(unproven), "every copy proved its list: the float32 fallback went untested"
+    assert not all(unproven), "no copy proved its list: the copies went untested"
+
+
+def test_the_setting_reaches_the_index_and_defaults_to_every_cpu() -> None:
+    from streamrag.config import IndexSettings
+    from streamrag.index.factory import lsm_spec
+
+    assert lsm_spec(IndexSettings()).tuning.scan_threads == 0
+    assert lsm_spec(IndexSettings(scan_threads=1)).tuning.helpers() is None
+    assert lsm_spec(IndexSettings(scan_threads=3)).tuning.helpers() is scan_helpers(3)
+    assert scan_helpers(3).helpers == 2
