@@ -567,3 +567,93 @@ def test_a_client_hears_back_only_once_its_worker_is_idle(tmp_path: Path) -> Non
     assert not heard_while_busy
     assert busy_on_answer == 0
     assert _inline(svc) == 1
+
+
+def test_one_worker_at_a_time_while_the_embedder_holds_the_lock_and_scans_use_every_core(
+    tmp_path: Path,
+) -> None:
+    """Three queries arrive while a batch is stalled: the other worker leaves them be.
+
+    Its calls cost nothing in themselves (so the gathering rule would not hold
+    them, as the test above shows); what keeps them is that one worker at a
+    time answers while the embedder holds the interpreter lock. After the
+    stalled batch, they go in one call.
+    """
+    svc = make_service(tmp_path)
+    assert svc.embedder_holds_lock() is True  # the tests' hashing embedder says so
+    batcher = QueryBatcher(
+        svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8, scans_use_all_cores=True
+    )
+    assert batcher.one_at_a_time()
+    _flat_costs(batcher)
+    calls = _three_behind_a_stalled_one(svc, batcher, lambda _: batcher._queue.qsize() == 3)
+    assert calls == [(1, False), (3, True)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "all_cores", "holds", "expected"),
+    [
+        (2, True, True, True),
+        (2, True, False, False),  # it lets go of the lock: workers embed side by side
+        (2, True, None, False),  # not known: as before
+        (2, False, True, False),  # scans on one core: two batches use two
+        (1, True, True, False),
+    ],
+)
+def test_when_workers_answer_one_at_a_time(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: int,
+    all_cores: bool,
+    holds: bool | None,
+    expected: bool,
+) -> None:
+    svc = make_service(tmp_path)
+    monkeypatch.setattr(svc, "embedder_holds_lock", lambda: holds)
+    batcher = QueryBatcher(svc, workers=workers, scans_use_all_cores=all_cores)
+    try:
+        assert batcher.one_at_a_time() is expected
+    finally:
+        batcher.close()
+
+
+def test_a_failing_question_about_the_lock_leaves_the_workers_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = make_service(tmp_path)
+
+    def broken() -> bool:
+        raise RuntimeError("no answer")
+
+    monkeypatch.setattr(svc, "embedder_holds_lock", broken)
+    batcher = QueryBatcher(svc, workers=2, scans_use_all_cores=True, max_wait_ms=0)
+    try:
+        assert batcher.one_at_a_time() is False
+        _, hits = asyncio.run(batcher.retrieve("backups", 1, SearchFilter(tenant="acme")))
+        assert len(hits) == 1
+    finally:
+        batcher.close()
+
+
+def test_the_service_tells_whether_its_embedder_holds_the_lock(tmp_path: Path) -> None:
+    """Said by the embedder's class, else as the job measured it before embedding ahead."""
+    from streamrag.embed.ahead import LOCK_FREE, EmbedAhead
+
+    svc = make_service(tmp_path)
+    assert svc.embedder_holds_lock() is True  # HashingEmbedder says so
+    embedder = svc.serving.embedder
+    # The same instance, under a class that says nothing.
+    silent = type("Silent", (type(embedder),), {"holds_gil": None})
+    embedder.__class__ = silent
+    assert svc.embedder_holds_lock() is None  # nothing said, nothing measured
+    ahead = EmbedAhead(embedder)
+    svc.pipeline.embedding.ahead = ahead
+    assert svc.embedder_holds_lock() is None  # not measured yet
+    ahead.lock_free = LOCK_FREE / 4
+    assert svc.embedder_holds_lock() is True
+    ahead.lock_free = LOCK_FREE * 2
+    assert svc.embedder_holds_lock() is False
+    other = EmbedAhead(type(embedder)())  # measured for another model than the one serving
+    other.lock_free = 0.0
+    svc.pipeline.embedding.ahead = other
+    assert svc.embedder_holds_lock() is None

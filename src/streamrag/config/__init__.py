@@ -341,7 +341,11 @@ class ServeSettings(_Frozen):
         1 << 20, gt=0, description="Largest request body; a larger one gets a 413."
     )
     query_workers: int = Field(
-        2, ge=1, description="Threads that embed and search query batches (one per core)."
+        2,
+        ge=1,
+        description="Threads that embed and search query batches (one per core); while the "
+        "embedder holds the interpreter lock (hashing) and scans use every core "
+        "(index.scan_threads), one of them at a time.",
     )
     max_batch: int = Field(64, ge=1, description="Most queries answered by one search.")
     max_wait_ms: float = Field(

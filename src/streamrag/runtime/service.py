@@ -21,6 +21,7 @@ import numpy.typing as npt
 from threadpoolctl import threadpool_limits
 
 from streamrag.config import Settings
+from streamrag.embed.ahead import LOCK_FREE, holds_gil
 from streamrag.embed.base import Embedder, Loadable
 from streamrag.embed.choice import EmbedderChoice
 from streamrag.errors import ConfigError, IndexStoreError, OverloadedError, StateError
@@ -428,6 +429,21 @@ class Service:
         self.metrics.query_batch.observe(queries)
         if inline:
             self.metrics.queries_inline.inc()
+
+    def embedder_holds_lock(self) -> bool | None:
+        """Whether the serving embedder computes holding the interpreter lock; None: not known.
+
+        Its class says so (:func:`~streamrag.embed.ahead.holds_gil`), or, when it
+        says nothing, the job measured it before embedding ahead
+        (:attr:`~streamrag.embed.ahead.EmbedAhead.lock_free`).
+        """
+        said = holds_gil(self.serving.embedder)
+        if said is not None:
+            return said
+        ahead = self.pipeline.embedding.ahead
+        if ahead is None or ahead.embedder is not self.serving.embedder or ahead.lock_free is None:
+            return None
+        return ahead.lock_free < LOCK_FREE
 
     def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """Texts as unit vectors from the serving generation's embedder, checked."""

@@ -99,7 +99,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if manage_service:
             service.start()
-        serve = service.settings.serve
+        serve, index = service.settings.serve, service.settings.index
         batcher = QueryBatcher(
             service,
             max_batch=serve.max_batch,
@@ -108,6 +108,7 @@ def create_app(service: Service, *, manage_service: bool = True) -> FastAPI:
             min_parallel_batch=serve.min_parallel_batch,
             timeout_s=serve.query_timeout_s,
             inline_max_ms=serve.inline_query_ms,
+            scans_use_all_cores=index.kind == "lsm" and index.scan_threads != 1,
         )
         app.state.batcher = batcher
         app.state.answerer = answerer = build_answerer(service, batcher)

@@ -43,6 +43,20 @@ Until a worker's batches have varied in size enough to fit, it gathers, and
 over a remote embedder (whose call costs a round trip that CPU time does not
 show) it always does.
 
+**One worker at a time** (:meth:`QueryBatcher.one_at_a_time`). While the
+embedder computes holding the interpreter lock (the hashing embedder, or one
+the job measured to, :mod:`streamrag.embed.ahead`) and the index's exact scans
+take every idle core (:mod:`streamrag.index.scan_helpers`), a worker gathers
+and answers its batch holding a lock the others wait on. Two workers could not
+embed at once anyway; side by side they split the clients into two smaller
+batches, each scanned on one core, where one batch scanned over both cores
+costs less a query (20,000 rows × 384 on one thread: 0.72 ms a query in a
+batch of 8, 0.39 in a batch of 16). At 16 clients over 20,000 documents with
+the peer benchmark's hashing embedder, alternated on one host: see
+``docs/performance.md`` ("One batch over every core"). An embedder that lets go
+of the lock (MiniLM through ONNX Runtime or PyTorch) keeps its workers side by
+side: each embeds on a core of its own.
+
 ``max_batch=1`` turns micro-batching off: every query is embedded and searched
 on its own (the benchmark's baseline). Embedding and search run off the event
 loop, which keeps accepting connections meanwhile.
@@ -144,6 +158,10 @@ class Retrieval(Protocol):
         """Record one batch of ``queries`` answered in ``seconds`` (``inline``: on the loop)."""
         ...
 
+    def embedder_holds_lock(self) -> bool | None:
+        """Whether the serving embedder computes holding the interpreter lock; None: not known."""
+        ...
+
 
 _HOLD_POLL_S = 0.001
 _PATIENT = 5.0  # a batch that took this many max_waits is worth waiting for company
@@ -234,6 +252,7 @@ class QueryBatcher:
         min_parallel_batch: int = 1,
         timeout_s: float = 30.0,
         inline_max_ms: float = 0.0,
+        scans_use_all_cores: bool = False,
         clock: Callable[[], float] = time.perf_counter,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
@@ -249,6 +268,9 @@ class QueryBatcher:
         self.min_parallel_batch = min(max(1, min_parallel_batch), max_batch)
         self._busy = 0
         self._busy_lock = threading.Lock()
+        self.scans_use_all_cores = scans_use_all_cores
+        """The index's exact scans take idle cores (:mod:`streamrag.index.scan_helpers`)."""
+        self._solo = threading.Lock()  # held by the one worker at work (see one_at_a_time)
         self._dumped = False  # the threads' stacks went to the log once (a timeout)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         # Each worker's batches: does a call cost in itself? (Its own, as it is
@@ -350,71 +372,101 @@ class QueryBatcher:
             with contextlib.suppress(Exception):  # no usable stderr: the warning stands alone
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
 
+    def one_at_a_time(self) -> bool:
+        """Whether one worker at a time gathers and answers a batch (see the module).
+
+        So it is while the embedder holds the interpreter lock and the index's
+        scans use every core: two workers could not embed at once, and the
+        scan of one large batch over all cores costs less a query than two
+        smaller batches scanned side by side.
+        """
+        if len(self._threads) < 2 or not self.scans_use_all_cores:
+            return False
+        try:
+            return self.retrieval.embedder_holds_lock() is True
+        except Exception:  # not known: workers answer side by side, as without this
+            log.exception("could not tell whether the embedder holds the interpreter lock")
+            return False
+
     def _work(self, cost: CallCost) -> None:
         last_size = 1
         last_s = 0.0  # how long the last batch took
         while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch = [first]
-            # Under concurrency (the last batch had company) wait up to max_wait
-            # for more: one product over 16 queries costs about as much as over 4.
-            # A lone client never waits, nor does a worker whose calls cost
-            # nothing in themselves (MiniLM in int8 embeds each query alone).
-            # (A remote embedder's call costs a round trip, which CPU time does not show.)
-            company = cost.company_pays() or not self.retrieval.pin().in_process
-            wait = self.max_wait_s if last_size > 1 and company else 0.0
-            deadline = time.monotonic() + wait
-            stop = False
-            while len(batch) < self.max_batch:
-                # Past as many as the last batch had, waiting for more pays only
-                # when a batch costs far more than the wait (MiniLM through
-                # PyTorch: tens of ms a call); over a cheap embedder (hashing: a
-                # batch of 2 in ~1 ms) a wait for a third query that may never
-                # come doubles the latency.
-                patient = len(batch) < last_size or last_s >= _PATIENT * self.max_wait_s
-                remaining = deadline - time.monotonic() if patient else 0.0
-                # While another worker embeds, a small batch keeps gathering
-                # instead of competing with it for the cores: one call over
-                # many queries beats two concurrent calls over a few each.
-                hold = company and self._busy > 0 and len(batch) < self.min_parallel_batch
-                try:
-                    if remaining > 0:
-                        item = self._queue.get(timeout=remaining)
-                    elif hold:
-                        item = self._queue.get(timeout=_HOLD_POLL_S)
-                    else:
-                        item = self._queue.get_nowait()
-                except queue.Empty:
-                    if hold:
-                        continue
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-            last_size = len(batch)
-            answers: list[_Answer] = []
-            with self._busy_lock:
-                self._busy += 1
+            solo = self.one_at_a_time()
+            if solo:
+                self._solo.acquire()
             try:
-                cpu0 = self._cpu_clock()
-                last_s = self._answer(batch, answers)
-                if last_s > 0:
-                    cost.add(len(batch), self._cpu_clock() - cpu0)
-            except Exception as exc:  # the worker outlives any one batch
-                log.exception("a batch of %d queries failed", len(batch))
-                answers += [(r, _fail, exc) for r in batch]  # a query answered keeps its answer
+                answers, last_size, last_s, stop = self._gather_and_answer(cost, last_size, last_s)
             finally:
-                with self._busy_lock:
-                    self._busy -= 1
+                if solo:
+                    self._solo.release()
             # Idle before anyone hears back: a client's next query, sent the moment
             # its answer arrives, finds no worker busy (it may run inline).
             for r, fn, value in answers:
                 _deliver(r, fn, value)
             if stop:
                 return
+
+    def _gather_and_answer(
+        self, cost: CallCost, last_size: int, last_s: float
+    ) -> tuple[list[_Answer], int, float, bool]:
+        """Take the next batch and answer it: (answers, its size, its seconds, stop after)."""
+        first = self._queue.get()
+        if first is None:
+            return [], last_size, last_s, True
+        batch = [first]
+        # Under concurrency (the last batch had company) wait up to max_wait
+        # for more: one product over 16 queries costs about as much as over 4.
+        # A lone client never waits, nor does a worker whose calls cost
+        # nothing in themselves (MiniLM in int8 embeds each query alone).
+        # (A remote embedder's call costs a round trip, which CPU time does not show.)
+        company = cost.company_pays() or not self.retrieval.pin().in_process
+        wait = self.max_wait_s if last_size > 1 and company else 0.0
+        deadline = time.monotonic() + wait
+        stop = False
+        while len(batch) < self.max_batch:
+            # Past as many as the last batch had, waiting for more pays only
+            # when a batch costs far more than the wait (MiniLM through
+            # PyTorch: tens of ms a call); over a cheap embedder (hashing: a
+            # batch of 2 in ~1 ms) a wait for a third query that may never
+            # come doubles the latency.
+            patient = len(batch) < last_size or last_s >= _PATIENT * self.max_wait_s
+            remaining = deadline - time.monotonic() if patient else 0.0
+            # While another worker embeds, a small batch keeps gathering
+            # instead of competing with it for the cores: one call over
+            # many queries beats two concurrent calls over a few each.
+            hold = company and self._busy > 0 and len(batch) < self.min_parallel_batch
+            try:
+                if remaining > 0:
+                    item = self._queue.get(timeout=remaining)
+                elif hold:
+                    item = self._queue.get(timeout=_HOLD_POLL_S)
+                else:
+                    item = self._queue.get_nowait()
+            except queue.Empty:
+                if hold:
+                    continue
+                break
+            if item is None:
+                stop = True
+                break
+            batch.append(item)
+        last_size = len(batch)
+        answers: list[_Answer] = []
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            cpu0 = self._cpu_clock()
+            last_s = self._answer(batch, answers)
+            if last_s > 0:
+                cost.add(len(batch), self._cpu_clock() - cpu0)
+        except Exception as exc:  # the worker outlives any one batch
+            log.exception("a batch of %d queries failed", len(batch))
+            answers += [(r, _fail, exc) for r in batch]  # a query answered keeps its answer
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+        return answers, last_size, last_s, stop
 
     def _answer(self, batch: list[_Request], answers: list[_Answer]) -> float:
         """Embed and search one batch, its answers added to ``answers``; the seconds it took.
