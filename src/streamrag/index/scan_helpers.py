@@ -15,10 +15,13 @@ that is busy is never waited for, so a search is never slower than scanning
 alone by more than the hand-off (tens of microseconds), and helpers never run
 more scans than there are cores.
 
-Measured over 20,000 documents (two sealed segments of 8,192 rows and a
-growing one, 384 dimensions; the peer benchmark's corpus and hashing
-embedder), 16 closed-loop HTTP clients, two query workers: see
-``docs/performance.md`` ("An exact scan over idle cores").
+Measured in process over the peer benchmark's 20,000 documents (two sealed
+segments of 8,192 rows with half-precision copies and a growing one of 3,616;
+384 dimensions) on a 2-core AMD EPYC host, two alternated rounds: a batch of
+16 queries 6.0–6.3 ms alone, 3.3–3.6 ms split; a lone query 0.77–0.93 ms
+alone, 0.71–0.83 ms split (its two half-precision scans and the growing
+segment's float32 scan share the memory bus, so they gain less). Over HTTP
+see ``docs/performance.md`` ("One batch over every core").
 
 The helpers are shared by every index of the process (:func:`scan_helpers`):
 cores are a property of the process, not of one index generation.
