@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,6 +79,39 @@ def test_a_busy_helper_is_not_waited_for() -> None:
         busy.join(WAIT_S)
         helpers.close()
     assert not busy.is_alive()
+
+
+def test_two_searches_scanning_at_once_on_two_cores_borrow_nothing() -> None:
+    """Helpers only take cores that no search holds: one per core in all."""
+    helpers = ScanHelpers(1)  # two cores: one caller and one helper
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold() -> None:
+        holding.set()
+        assert release.wait(WAIT_S)
+
+    busy = threading.Thread(target=helpers.run, args=([hold],))  # one task: no helper
+    busy.start()
+    try:
+        assert holding.wait(WAIT_S)
+        assert helpers._idle == 1  # the helper is idle, but both cores are taken
+        where: list[str] = []
+        assert helpers.run([lambda: where.append(threading.current_thread().name)] * 3) == 0
+        assert set(where) == {threading.current_thread().name}
+    finally:
+        release.set()
+        busy.join(WAIT_S)
+    assert not busy.is_alive()
+    try:  # once the other search is done, the helper is borrowed again
+        other_started = threading.Event()
+
+        def first() -> None:
+            assert other_started.wait(WAIT_S), "the tasks ran one after the other"
+
+        assert helpers.run([first, other_started.set]) == 1
+    finally:
+        helpers.close()
 
 
 def test_every_task_runs_and_the_first_error_reaches_the_caller() -> None:
@@ -168,7 +202,7 @@ def test_a_split_search_answers_as_a_lone_thread_and_brute_force_do(
     monkeypatch.setattr(_Half, "search", spy)
     rng = np.random.default_rng(13)
     _, near = _cluster(11)
-    for m in (1, 3, 16):  # up to 3: through the copies; 16: the float32 product
+    for m in (1, 3, 6, 16):  # up to 6: through the copies; 16: the float32 product
         queries = np.vstack([near, _unit(rng.standard_normal((m - 1, DIM)))]) if m > 1 else near
         for name, flt in (
             ("all", SearchFilter()),
@@ -180,18 +214,43 @@ def test_a_split_search_answers_as_a_lone_thread_and_brute_force_do(
                 _, want = alone.search_many(queries, k, flt)
                 _, got = split.search_many(queries, k, flt)
                 for i in range(m):
-                    ids = [h.chunk_id for h in got[i]]
-                    assert ids == [h.chunk_id for h in want[i]], (m, name, k, i)
-                    # A matrix product over part of the rows may sum in another
-                    # order: the same scores to float32 rounding.
-                    np.testing.assert_allclose(
-                        [h.score for h in got[i]], [h.score for h in want[i]], rtol=1e-6
-                    )
-                    if m <= 3:  # (a matrix product orders near-ties by its own rounding)
-                        assert ids == _brute(rows, queries[i], k, mask), (m, name, k, i)
+                    _check(rows, queries[i], k, mask, got[i], want[i], (m, name, k, i))
     assert helpers.borrowed > before, "no search was split: this tests nothing"
     assert any(unproven), "every copy proved its list: the float32 fallback went untested"
     assert not all(unproven), "no copy proved its list: the copies went untested"
+
+
+def _check(
+    rows: np.ndarray,
+    q: np.ndarray,
+    k: int,
+    mask: np.ndarray | None,
+    got: Any,
+    want: Any,
+    case: tuple[Any, ...],
+) -> None:
+    """The split answer against the lone thread's and against brute force.
+
+    A matrix product over part of the rows may sum in another order, so the
+    same scores agree to float32 rounding, and rows whose scores tie to that
+    rounding (the near-identical cluster) may come in another order. What
+    must hold: the same scores, each hit's own score, and brute force's top-k
+    scores; and for up to three queries (each scored alone, by rows, in the
+    float32 fallback too) the same rows in the same order as brute force.
+    """
+    ids = [h.chunk_id for h in got]
+    scores = np.array([h.score for h in got])
+    close = {"rtol": 0, "atol": 1e-6, "err_msg": str(case)}  # scores of unit vectors
+    np.testing.assert_allclose(scores, [h.score for h in want], **close)
+    np.testing.assert_allclose(scores, rows[ids] @ q, **close)
+    exact = rows @ q
+    if mask is not None:
+        exact = np.where(mask, exact, -np.inf)
+    best = np.sort(exact)[::-1][:k]
+    np.testing.assert_allclose(scores, best, **close)
+    if case[0] <= 3:
+        assert ids == [h.chunk_id for h in want], case
+        assert ids == _brute(rows, q, k, mask), case
 
 
 def test_the_setting_reaches_the_index_and_defaults_to_every_cpu() -> None:

@@ -54,6 +54,7 @@ class ScanHelpers:
     def __init__(self, helpers: int) -> None:
         self.helpers = max(0, helpers)
         self._idle = self.helpers
+        self._callers = 0  # threads inside run() now
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         if self.helpers:
@@ -63,11 +64,17 @@ class ScanHelpers:
         self.borrowed = 0  # ranges handed to helpers since start (tests, metrics)
 
     def _take(self, want: int) -> int:
-        """Up to ``want`` idle helpers, marked busy; never waits."""
+        """Up to ``want`` idle helpers, marked busy, for a caller counted in ``_callers``.
+
+        Never more than leave one thread per core: the callers scanning now
+        and the helpers at work count against the cores (``helpers + 1``), so
+        two searches side by side on two cores borrow nothing. Never waits.
+        """
         if want <= 0 or self._pool is None:
             return 0
         with self._lock:
-            n = min(want, self._idle)
+            working = self._callers + (self.helpers - self._idle)
+            n = max(0, min(want, self._idle, self.helpers + 1 - working))
             self._idle -= n
             self.borrowed += n
         return n
@@ -77,12 +84,25 @@ class ScanHelpers:
             self._idle += 1
 
     def run(self, tasks: Sequence[Callable[[], None]]) -> int:
-        """Run every task: on this thread and on as many idle helpers as there are tasks beyond one.
+        """Run every task: on this thread and on idle helpers, at most one per task beyond one.
+
+        Helpers are borrowed only while a core is left for them: callers
+        scanning at the same time and helpers at work count against the cores
+        (:meth:`_take`).
 
         The threads take the tasks in turn from one list, so a quick task does
         not leave a thread idle while another runs two. Returns once all are
         done, with the first error any of them raised; the helpers it used.
         """
+        with self._lock:
+            self._callers += 1
+        try:
+            return self._run(tasks)
+        finally:
+            with self._lock:
+                self._callers -= 1
+
+    def _run(self, tasks: Sequence[Callable[[], None]]) -> int:
         n = self._take(min(self.helpers, len(tasks) - 1))
         if n == 0:
             for task in tasks:

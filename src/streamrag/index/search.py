@@ -15,7 +15,7 @@ A query runs against the segments of the manifest it pinned, each in three steps
 3. **Score**. A growing segment, a sealed one without an ANN structure, or a
    segment where few rows pass the filter is scanned exactly (one matrix
    product over the matching rows); a sealed one with a half-precision copy
-   (:mod:`.half`) is scanned through it for one to three queries, still
+   (:mod:`.half`) is scanned through it for up to six queries, still
    exactly, at half the bytes read. Otherwise the ANN structure is asked for
    enough candidates that ``k`` of them should pass the filter given the share
    of rows that pass it; candidates are re-scored exactly against the stored
@@ -64,7 +64,9 @@ class SearchTuning:
     # Nor does any segment while all exactly scanned vectors together are smaller:
     # a scan that stays in the CPU's cache gains nothing from reading half the bytes.
     half_min_bytes: int = 16 << 20
-    half_max_queries: int = 3  # more per call: the float32 matrix product is as fast
+    # More per call: the float32 matrix product is as fast (it reads the rows once for
+    # all queries; the copy's scan reads them once a query).
+    half_max_queries: int = 6
     # Threads one exact scan may split across while they are idle (0: every CPU of
     # the process; 1: never split), each range at least ``split_min_rows`` wide.
     scan_threads: int = 0
@@ -238,8 +240,8 @@ class _Scan:
 
         Used for a few queries at a time over most of the segment's rows: a
         filter that admits under half of them is cheaper to score in float32 (a
-        slice or a gather of just those rows), and a batch of four or more
-        queries in one float32 matrix product (``tuning.half_max_queries``).
+        slice or a gather of just those rows), and a batch of more than
+        ``tuning.half_max_queries`` in one float32 matrix product.
         """
         half = seg.half
         if half is None or half.rows != n or q.shape[0] > tuning.half_max_queries:
@@ -265,10 +267,10 @@ class _Scan:
             pieces = 1 if helpers is None else helpers.helpers + 1
             tasks_of_scan, top = self._begin(q, k, pieces, tuning.split_min_rows)
             tasks += tasks_of_scan
-        if helpers is None or len(tasks) < 2:
+        if helpers is None:
             for task in tasks:
                 task()
-        else:
+        else:  # (one task too: a scan under way is counted against the cores)
             helpers.run(tasks)
         out = [h.found for h in self.halves if h.found is not None]
         if top is not None:
