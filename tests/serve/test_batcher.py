@@ -570,21 +570,19 @@ def test_a_client_hears_back_only_once_its_worker_is_idle(tmp_path: Path) -> Non
 
 
 def test_one_worker_at_a_time_while_the_embedder_holds_the_lock_and_scans_use_every_core(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three queries arrive while a batch is stalled: the other worker leaves them be.
 
     Its calls cost nothing in themselves (so the gathering rule would not hold
     them, as the test above shows); what keeps them is that one worker at a
-    time answers while the embedder holds the interpreter lock. After the
+    time answers (here from the start: when is the next test's). After the
     stalled batch, they go in one call.
     """
     svc = make_service(tmp_path)
     assert svc.embedder_holds_lock() is True  # the tests' hashing embedder says so
-    batcher = QueryBatcher(
-        svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8, scans_use_all_cores=True
-    )
-    assert batcher.one_at_a_time()
+    monkeypatch.setattr(QueryBatcher, "one_at_a_time", lambda self: True)
+    batcher = QueryBatcher(svc, max_batch=64, max_wait_ms=0, workers=2, min_parallel_batch=8)
     _flat_costs(batcher)
     calls = _three_behind_a_stalled_one(svc, batcher, lambda _: batcher._queue.qsize() == 3)
     assert calls == [(1, False), (3, True)]
@@ -611,8 +609,11 @@ def test_when_workers_answer_one_at_a_time(
     svc = make_service(tmp_path)
     monkeypatch.setattr(svc, "embedder_holds_lock", lambda: holds)
     batcher = QueryBatcher(svc, workers=workers, scans_use_all_cores=all_cores)
+    batcher.batch_size = batcher.min_parallel_batch
     try:
         assert batcher.one_at_a_time() is expected
+        batcher.batch_size = batcher.min_parallel_batch - 1
+        assert batcher.one_at_a_time() is False  # small batches: side by side
     finally:
         batcher.close()
 
@@ -627,6 +628,7 @@ def test_a_failing_question_about_the_lock_leaves_the_workers_side_by_side(
 
     monkeypatch.setattr(svc, "embedder_holds_lock", broken)
     batcher = QueryBatcher(svc, workers=2, scans_use_all_cores=True, max_wait_ms=0)
+    batcher.batch_size = batcher.min_parallel_batch
     try:
         assert batcher.one_at_a_time() is False
         _, hits = asyncio.run(batcher.retrieve("backups", 1, SearchFilter(tenant="acme")))

@@ -222,6 +222,7 @@ class CallCost:
 
 
 _LONE_WEIGHT = 0.25  # weight of the newest lone query in the moving average of their time
+_SIZE_WEIGHT = 0.25  # weight of the newest batch in the moving average of their size
 Retrieved = tuple[int, Hits, npt.NDArray[np.float32], int]
 """One query's answer: the epoch read, its hits, the query's unit vector, the generation."""
 
@@ -271,6 +272,8 @@ class QueryBatcher:
         self.scans_use_all_cores = scans_use_all_cores
         """The index's exact scans take idle cores (:mod:`streamrag.index.scan_helpers`)."""
         self._solo = threading.Lock()  # held by the one worker at work (see one_at_a_time)
+        self.batch_size = 1.0
+        """The size of recent batches (of any worker; a moving average)."""
         self._dumped = False  # the threads' stacks went to the log once (a timeout)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         # Each worker's batches: does a call cost in itself? (Its own, as it is
@@ -375,12 +378,19 @@ class QueryBatcher:
     def one_at_a_time(self) -> bool:
         """Whether one worker at a time gathers and answers a batch (see the module).
 
-        So it is while the embedder holds the interpreter lock and the index's
-        scans use every core: two workers could not embed at once, and the
-        scan of one large batch over all cores costs less a query than two
-        smaller batches scanned side by side.
+        So it is while the embedder holds the interpreter lock, the index's
+        scans use every core, and batches are large (recent ones had
+        ``min_parallel_batch`` queries or more on average): two workers could
+        not embed at once,
+        and one batch scanned over all cores costs less a query than two
+        smaller batches scanned side by side, since the float32 product reads
+        the rows once for a whole batch. Small batches (a few clients) are
+        scanned a query at a time anyway (half-precision copies), and two
+        workers side by side keep both cores busier.
         """
         if len(self._threads) < 2 or not self.scans_use_all_cores:
+            return False
+        if self.batch_size < self.min_parallel_batch:
             return False
         try:
             return self.retrieval.embedder_holds_lock() is True
@@ -452,6 +462,7 @@ class QueryBatcher:
                 break
             batch.append(item)
         last_size = len(batch)
+        self.batch_size += _SIZE_WEIGHT * (last_size - self.batch_size)  # (a race costs a sample)
         answers: list[_Answer] = []
         with self._busy_lock:
             self._busy += 1
