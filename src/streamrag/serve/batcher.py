@@ -45,17 +45,20 @@ show) it always does.
 
 **One worker at a time** (:meth:`QueryBatcher.one_at_a_time`). While the
 embedder computes holding the interpreter lock (the hashing embedder, or one
-the job measured to, :mod:`streamrag.embed.ahead`) and the index's exact scans
-take every idle core (:mod:`streamrag.index.scan_helpers`), a worker gathers
-and answers its batch holding a lock the others wait on. Two workers could not
+the job measured to, :mod:`streamrag.embed.ahead`), the index's exact scans
+take every idle core (:mod:`streamrag.index.scan_helpers`) and batches are
+large (``min_parallel_batch`` queries or more on average), a worker gathers and
+answers its batch holding a lock the others wait on. Two workers could not
 embed at once anyway; side by side they split the clients into two smaller
 batches, each scanned on one core, where one batch scanned over both cores
-costs less a query (20,000 rows × 384 on one thread: 0.72 ms a query in a
-batch of 8, 0.39 in a batch of 16). At 16 clients over 20,000 documents with
-the peer benchmark's hashing embedder, alternated on one host: see
-``docs/performance.md`` ("One batch over every core"). An embedder that lets go
-of the lock (MiniLM through ONNX Runtime or PyTorch) keeps its workers side by
-side: each embeds on a core of its own.
+costs less a query (the float32 product reads the rows once for a whole
+batch: 20,000 rows × 384 on one thread, 0.72 ms a query in a batch of 8, 0.39
+in a batch of 16). With a few clients the batches are small and scanned a query
+at a time through half-precision copies, where two workers side by side kept
+both cores busier (50,000 documents, 4 clients: 262–274 queries/s one at a
+time against 303–319). Figures: ``docs/performance.md`` ("One batch over every
+core"). An embedder that lets go of the lock (MiniLM through ONNX Runtime or
+PyTorch) keeps its workers side by side: each embeds on a core of its own.
 
 ``max_batch=1`` turns micro-batching off: every query is embedded and searched
 on its own (the benchmark's baseline). Embedding and search run off the event
