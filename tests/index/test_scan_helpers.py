@@ -114,6 +114,35 @@ def test_two_searches_scanning_at_once_on_two_cores_borrow_nothing() -> None:
         helpers.close()
 
 
+def test_a_helper_that_wakes_late_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller takes every task while the helper waits for a core; it does not wait on."""
+    helpers = ScanHelpers(1)
+    wake = threading.Event()
+    helped = ScanHelpers._helped
+
+    def late(self: ScanHelpers, work: Any) -> None:
+        assert wake.wait(WAIT_S)  # a helper thread not yet scheduled
+        helped(self, work)
+
+    monkeypatch.setattr(ScanHelpers, "_helped", late)
+    where: list[str] = []
+    try:
+        done = threading.Thread(
+            target=helpers.run,
+            args=([lambda: where.append(threading.current_thread().name)] * 3,),
+        )
+        done.start()
+        done.join(WAIT_S)
+        assert not done.is_alive(), "the caller waited for a helper that had not started"
+        assert len(where) == 3
+        assert len(set(where)) == 1  # all on the caller's thread
+        assert helpers._idle == 0  # the helper is still on its way: not lent again
+    finally:
+        wake.set()
+    helpers.close()
+    assert helpers._idle == 1  # it came back once it ran, with nothing left to do
+
+
 def test_every_task_runs_and_the_first_error_reaches_the_caller() -> None:
     helpers = ScanHelpers(2)
     done: list[int] = []

@@ -91,8 +91,9 @@ class ScanHelpers:
         (:meth:`_take`).
 
         The threads take the tasks in turn from one list, so a quick task does
-        not leave a thread idle while another runs two. Returns once all are
-        done, with the first error any of them raised; the helpers it used.
+        not leave a thread idle while another runs two, and a helper that wakes
+        after the last task was taken is not waited for. Returns once all are
+        done, with the first error any of them raised; the helpers it sent.
         """
         with self._lock:
             self._callers += 1
@@ -108,29 +109,20 @@ class ScanHelpers:
             for task in tasks:
                 task()
             return 0
-        turns = iter(range(len(tasks)))  # next() on a range iterator is atomic under the GIL
-        errors: list[BaseException] = []
-
-        def take_turns() -> None:
-            for i in turns:
-                try:
-                    tasks[i]()
-                except BaseException as exc:  # re-raised on the calling thread
-                    errors.append(exc)
-
+        turns = _Turns(tasks)
         assert self._pool is not None
-        futures = []
+        sent = 0
         for _ in range(n):
             try:
-                futures.append(self._pool.submit(self._helped, take_turns))
+                self._pool.submit(self._helped, turns.work)
+                sent += 1
             except RuntimeError:  # the pool has shut down (interpreter exit): fewer helpers
                 self._give_back()
-        take_turns()
-        for future in futures:  # every helper has finished: they write into the caller's arrays
-            future.result()
-        if errors:
-            raise errors[0]
-        return len(futures)
+        turns.work()
+        turns.wait()  # for tasks a helper started: they write into the caller's arrays
+        if turns.errors:
+            raise turns.errors[0]
+        return sent
 
     def _helped(self, work: Callable[[], None]) -> None:
         try:
@@ -143,6 +135,50 @@ class ScanHelpers:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+
+class _Turns:
+    """One run's tasks, taken in turn by the caller and its helpers.
+
+    A helper that wakes after every task was taken finds nothing to do: the
+    caller waits only for tasks a helper has started, never for a helper
+    still waiting for a core.
+    """
+
+    __slots__ = ("_cond", "_next", "_running", "errors", "tasks")
+
+    def __init__(self, tasks: Sequence[Callable[[], None]]) -> None:
+        self.tasks = tasks
+        self.errors: list[BaseException] = []
+        self._next = 0
+        self._running = 0  # tasks started and not finished
+        self._cond = threading.Condition()
+
+    def _claim(self) -> int | None:
+        with self._cond:
+            if self._next >= len(self.tasks):
+                return None
+            self._next += 1
+            self._running += 1
+            return self._next - 1
+
+    def work(self) -> None:
+        """Run tasks until none is left to take."""
+        while (i := self._claim()) is not None:
+            try:
+                self.tasks[i]()
+            except BaseException as exc:  # re-raised on the calling thread
+                self.errors.append(exc)
+            finally:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+
+    def wait(self) -> None:
+        """Until no task is running (none is left to take: call after :meth:`work`)."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
 
 
 _SHARED: dict[int, ScanHelpers] = {}
