@@ -5,11 +5,14 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from streamrag.changes import Op
 from streamrag.index import Hits, LsmIndex, LsmSpec, SearchFilter
 from streamrag.index.ann import AnnSpec
 from streamrag.index.compaction import CompactionSpec
+from streamrag.index.scan_helpers import scan_helpers
+from streamrag.index.search import SearchTuning
 
 from .reference import Change, Reference, as_keys, make_batch, unit
 
@@ -19,12 +22,21 @@ READERS = 3
 SIZES = (1, 2, 4)  # queries per call, by reader
 
 
-def test_every_result_is_that_of_one_committed_epoch() -> None:
+# The default tuning; and one where every exact scan is split over helper threads
+# and sealed segments are searched through half-precision copies (scan_helpers).
+SPLIT = SearchTuning(scan_threads=4, split_min_rows=1, half_min_rows=1, half_min_bytes=0)
+
+
+@pytest.mark.parametrize("tuning", [SearchTuning(), SPLIT], ids=["default", "split"])
+def test_every_result_is_that_of_one_committed_epoch(tuning: SearchTuning) -> None:
     spec = LsmSpec(
         seal_rows=4,
         ann=AnnSpec(min_rows=2**62),
         compaction=CompactionSpec(fanout=2, seal_rows=4),
+        tuning=tuning,
     )
+    helpers = scan_helpers(4)
+    borrowed = helpers.borrowed
     # The maintenance thread seals, merges and swaps segments under the readers too.
     index = LsmIndex(DIM, spec, background=True)
     ref = Reference(DIM, retention=spec.retention_us)
@@ -90,3 +102,5 @@ def test_every_result_is_that_of_one_committed_epoch() -> None:
     epochs_seen = {e for results in seen for e, _ in results}
     assert checked > 0
     assert len(epochs_seen) > 1  # the readers really ran while epochs changed
+    if tuning is SPLIT:
+        assert helpers.borrowed > borrowed, "no scan was split: this tests nothing"
