@@ -12,7 +12,8 @@ many idle helpers as there are tasks beyond one — each search through a
 segment's half-precision copy, and the float32 columns cut into ranges — and
 the caller and its helpers take the tasks in turn until none is left. A helper
 that is busy is never waited for, so a search is never slower than scanning
-alone by more than the hand-off (tens of microseconds), and helpers never run
+alone by more than the hand-off (a bare thread ping-pong took 53 µs on the
+2-core host of ``docs/performance.md``), and helpers never run
 more scans than there are cores.
 
 Measured in process over the peer benchmark's 20,000 documents (two sealed
@@ -49,7 +50,7 @@ def process_cpu_count() -> int:
 
 
 class ScanHelpers:
-    """``helpers`` threads that scan column ranges for a search while they are idle."""
+    """``helpers`` threads that take a search's scan tasks while they are idle."""
 
     def __init__(self, helpers: int) -> None:
         self.helpers = max(0, helpers)
@@ -61,7 +62,7 @@ class ScanHelpers:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 self.helpers, thread_name_prefix="streamrag-scan"
             )
-        self.borrowed = 0  # ranges handed to helpers since start (tests, metrics)
+        self.borrowed = 0  # helpers lent to searches since start (tests)
 
     def _take(self, want: int) -> int:
         """Up to ``want`` idle helpers, marked busy, for a caller counted in ``_callers``.

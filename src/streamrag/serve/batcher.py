@@ -55,7 +55,7 @@ costs less a query (the float32 product reads the rows once for a whole
 batch: 20,000 rows × 384 on one thread, 0.72 ms a query in a batch of 8, 0.39
 in a batch of 16). With a few clients the batches are small and scanned a query
 at a time through half-precision copies, where two workers side by side kept
-both cores busier (50,000 documents, 4 clients: 262–274 queries/s one at a
+both cores busier (50,000 documents, 4 clients: 262–296 queries/s one at a
 time against 303–319). Figures: ``docs/performance.md`` ("One batch over every
 core"). An embedder that lets go of the lock (MiniLM through ONNX Runtime or
 PyTorch) keeps its workers side by side: each embeds on a core of its own.
