@@ -17,6 +17,7 @@ BUILTIN_RAISES = {"ValueError", "KeyError", "RuntimeError", "TypeError", "Except
 LAYERS: dict[str, int] = {
     "errors": 0,
     "timing": 1,
+    "cpus": 1,
     "changes": 2,
     "config": 2,
     "sources": 3,

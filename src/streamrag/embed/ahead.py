@@ -49,6 +49,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.cpus import known_process_cpus
 from streamrag.embed.ahead_worker import read_frame, write_frame
 from streamrag.embed.base import Embedder
 from streamrag.timing import US_PER_S, Clock, SystemClock
@@ -152,13 +153,6 @@ def agreed_share(measure: Callable[[], float], *, most: int = 3) -> float:
         if agreed is not None:
             return float(np.median(agreed))
     return float(np.median(shares))
-
-
-def _all_cpus() -> set[int] | None:
-    """The CPUs of the process (its main thread's), where the platform says."""
-    with contextlib.suppress(OSError, AttributeError):
-        return set(os.sched_getaffinity(os.getpid()))
-    return None
 
 
 def _pin(cpus: set[int] | None) -> None:
@@ -305,7 +299,7 @@ class EmbedAhead:
         if not self.measure:
             return True
         if self.lock_free is None:
-            cpus, sample = _all_cpus(), list(texts[:64])
+            cpus, sample = known_process_cpus(), list(texts[:64])
             self.lock_free = agreed_share(lambda: lock_free_share(self.embedder, sample, cpus=cpus))
             if self.lock_free >= LOCK_FREE:
                 self._refuse(

@@ -66,7 +66,6 @@ structures are not saved (they are rebuilt on open).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.cpus import thread_cpus
 from streamrag.errors import ForeignFileError, MissingDependencyError, QueryError
 
 _BUILD_PART = 1024
@@ -294,10 +294,9 @@ def _search_c(
 def build_threads(spec: AnnSpec) -> int:
     """Threads that build a graph while the index is idle: ``spec.build_threads`` or CPUs.
 
-    0 stands for every CPU the building thread may use: OpenMP's threads inherit
-    its affinity, so a thread pinned to one CPU gains nothing from more. (Not
-    :func:`streamrag.runtime.affinity.process_cpus`, which asks the process's
-    main thread; the index does not import the runtime either.)
+    0 stands for every CPU the building thread may use
+    (:func:`streamrag.cpus.thread_cpus`): OpenMP's threads inherit its
+    affinity, so a thread pinned to one CPU gains nothing from more.
 
     A bulk load leaves minutes of graph building behind it (1M rows: one core
     busy for more than ten minutes, docs/performance.md), while a job that has
@@ -309,10 +308,7 @@ def build_threads(spec: AnnSpec) -> int:
     """
     if spec.build_threads > 0:
         return spec.build_threads
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # not Linux
-        return max(1, os.cpu_count() or 1)
+    return len(thread_cpus())
 
 
 def _faiss() -> Any:

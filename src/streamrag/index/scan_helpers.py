@@ -31,22 +31,12 @@ cores are a property of the process, not of one index generation.
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import threading
 from collections.abc import Callable, Sequence
 
-__all__ = ["ScanHelpers", "process_cpu_count", "scan_helpers"]
+from streamrag.cpus import process_cpus
 
-
-def process_cpu_count() -> int:
-    """CPUs the process may run on (its main thread's affinity; all CPUs where unknown)."""
-    getter = getattr(os, "sched_getaffinity", None)
-    if getter is not None:
-        try:
-            return max(1, len(getter(os.getpid())))
-        except OSError:
-            pass
-    return max(1, os.cpu_count() or 1)
+__all__ = ["ScanHelpers", "scan_helpers"]
 
 
 class ScanHelpers:
@@ -192,7 +182,7 @@ def scan_helpers(threads: int) -> ScanHelpers:
     ``threads`` counts the caller: 1 means no helpers at all.
     """
     if threads <= 0:
-        threads = process_cpu_count()
+        threads = len(process_cpus())
     with _SHARED_LOCK:
         helpers = _SHARED.get(threads)
         if helpers is None:

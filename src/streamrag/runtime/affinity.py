@@ -49,19 +49,9 @@ import contextlib
 import os
 import threading
 
+from streamrag.cpus import known_process_cpus, process_cpus
+
 __all__ = ["ingest_cpu", "pin_this_thread", "process_cpus"]
-
-
-def process_cpus() -> set[int]:
-    """The CPUs this process may use (all of them where the platform cannot say).
-
-    Asked of the process's main thread, so a pinned calling thread does not narrow it.
-    """
-    getter = getattr(os, "sched_getaffinity", None)
-    if getter is not None:
-        with contextlib.suppress(OSError):
-            return set(getter(os.getpid()))
-    return set(range(os.cpu_count() or 1))
 
 
 def ingest_cpu() -> int | None:
@@ -70,13 +60,10 @@ def ingest_cpu() -> int | None:
     None when the process may use a single CPU only (pinning would change
     nothing) or the platform cannot say which it may use.
     """
-    getter = getattr(os, "sched_getaffinity", None)
-    if getter is None:
+    known = known_process_cpus()
+    if known is None:
         return None
-    try:
-        cpus = sorted(getter(0))
-    except OSError:
-        return None
+    cpus = sorted(known)
     return cpus[-1] if len(cpus) > 1 else None
 
 
