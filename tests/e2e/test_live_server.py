@@ -353,7 +353,9 @@ def test_the_counts_add_up_at_every_moment_around_restarts(
     wrong = [
         c for c in samples if c["ingested"] != c["applied"] + c["dead_lettered"] + c["pending"]
     ]
-    assert len(samples) > 100
+    # Enough moments with changes in flight to mean something. How many status reads fit
+    # in a run depends on the host (122 alone, 75 on a busy one): count those in flight.
+    assert sum(1 for c in samples if c["pending"] > 0) >= 30
     assert wrong == [], f"{len(wrong)} of {len(samples)} samples do not add up: {wrong[:3]}"
     assert samples[-1]["applied"] == 3000
     assert samples[-1]["dead_lettered"] == 2

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from streamrag.config import load_settings
+from streamrag.cpus import process_cpus
 from streamrag.embed.ahead import LOCK_FREE, EmbedAhead, agreed_share
 from streamrag.embed.ahead_worker import read_frame, write_frame
 from streamrag.embed.base import check_vectors
 from streamrag.embed.hashing import HashingEmbedder
-from streamrag.runtime.affinity import process_cpus
 from streamrag.runtime.build import build_ahead
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.replay import index_digest

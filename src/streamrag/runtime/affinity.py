@@ -49,9 +49,9 @@ import contextlib
 import os
 import threading
 
-from streamrag.cpus import known_process_cpus, process_cpus
+from streamrag.cpus import known_process_cpus
 
-__all__ = ["ingest_cpu", "pin_this_thread", "process_cpus"]
+__all__ = ["ingest_cpu", "lower_this_thread", "pin_this_thread"]
 
 
 def ingest_cpu() -> int | None:

@@ -24,6 +24,7 @@ from streamrag.config import (
     Settings,
     SourceSpec,
 )
+from streamrag.cpus import process_cpus
 from streamrag.embed.ahead import EmbedAhead, holds_gil
 from streamrag.embed.base import CountsTokens, Embedder, build_embedder
 from streamrag.embed.choice import EmbedderChoice
@@ -40,7 +41,7 @@ from streamrag.ingest import DeadLetterStore, Decoder
 from streamrag.ingest.formats import DecoderSet, RecordDecoder
 from streamrag.ingest.pii import Redactor
 from streamrag.ingest.schemas import schema_decoders
-from streamrag.runtime.affinity import ingest_cpu, process_cpus
+from streamrag.runtime.affinity import ingest_cpu
 from streamrag.runtime.audit import EpochAudit, EpochAuditLog, pipeline_identity
 from streamrag.runtime.metrics import Metrics
 from streamrag.runtime.pipeline import CommitHook, Pipeline
