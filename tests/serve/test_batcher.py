@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from fastapi.testclient import TestClient
 
+from streamrag.embed.computes_here import MIN_CALLS, ComputesHere
 from streamrag.errors import QueryTimeoutError
 from streamrag.index.base import SearchFilter
 from streamrag.serve.app import create_app
@@ -392,6 +393,38 @@ def test_a_lone_fast_query_is_answered_on_the_event_loop_after_the_first(tmp_pat
     assert threads[0] != loop_thread
     assert threads[1:] == [loop_thread, loop_thread]
     assert _inline(svc) == 2
+
+
+def test_a_model_that_does_not_say_how_it_runs_goes_inline_once_measured_computing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An embedder class of the user's: its query calls show it computes on the calling thread."""
+    svc = make_service(tmp_path)
+    choice = svc.pin().choice
+    monkeypatch.setattr(type(choice.primary), "in_process", None)  # says nothing
+    wall, cpu = _StepClock(0.0001), _StepClock(0.0001)  # every call all on the CPU
+    choice.measure = lambda: ComputesHere(wall=wall, cpu=cpu)
+    threads = _embedding_threads(svc)
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> str:
+        for _ in range(MIN_CALLS + 2):
+            _, hits = await asyncio.wait_for(batcher.retrieve("database password", 1, flt), 10)
+            assert len(hits) == 1
+        return threading.current_thread().name
+
+    try:
+        loop_thread = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    # Handed to the worker until MIN_CALLS calls were measured, then answered on the loop.
+    assert loop_thread not in threads[:MIN_CALLS]
+    assert threads[MIN_CALLS:] == [loop_thread, loop_thread]
+    assert _inline(svc) == 2
+    assert choice.status()["measured"]["primary"] == {"calls": MIN_CALLS + 2, "cpu_share": 1.0}
 
 
 @pytest.mark.parametrize(

@@ -67,17 +67,20 @@ class Embedder(Protocol):
         ...
 
 
-def in_process(embedder: object) -> bool:
-    """Whether ``embedder`` computes on this process's CPU, with no I/O to wait on.
+def in_process(embedder: object) -> bool | None:
+    """Whether ``embedder`` says it computes on this process's CPU, with no I/O to wait on.
 
     An embedder says so with a class attribute ``in_process = True`` (hashing,
-    ONNX, sentence-transformers); one that calls a service (OpenAI, TEI) does
-    not, since a call can wait on the network for as long as its timeout. Only
-    such an embedder's queries may be answered on the server's event loop
-    (:class:`~streamrag.serve.batcher.QueryBatcher`): their time is bounded by
-    the work, which the batcher measures.
+    ONNX, sentence-transformers); one that calls a service says ``in_process =
+    False`` (OpenAI, TEI), since a call can wait on the network for as long as
+    its timeout. None: it does not say (an embedder class of the user's); then
+    its query calls are measured (:mod:`streamrag.embed.computes_here`). Only
+    queries whose embedders compute here may be answered on the server's event
+    loop (:class:`~streamrag.serve.batcher.QueryBatcher`): their time is
+    bounded by the work, which the batcher measures.
     """
-    return getattr(type(embedder), "in_process", False) is True
+    said = getattr(type(embedder), "in_process", None)
+    return said if isinstance(said, bool) else None
 
 
 @runtime_checkable

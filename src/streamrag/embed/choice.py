@@ -34,7 +34,7 @@ The clock is injected; nothing here sleeps.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.embed.base import Embedder, check_vectors, in_process
+from streamrag.embed.computes_here import ComputesHere
 from streamrag.errors import ConfigError
 from streamrag.timing import US_PER_S, Clock, Timestamp, format_timestamp
 
@@ -99,6 +100,7 @@ class EmbedderChoice:
         fast: Embedder | None = None,
         probe_every_s: float = 5.0,
         fast_above_lag_us: Timestamp | None = None,
+        measure: Callable[[], ComputesHere] = ComputesHere,
     ) -> None:
         for role, other in (("fallback", fallback), ("fast", fast)):
             if other is not None:
@@ -117,6 +119,9 @@ class EmbedderChoice:
         """How many times the embedder in use changed."""
         self.agreement: float | None = None
         """The measured cosine between the configured embedder and the fallback, once checked."""
+        self.measure = measure
+        """Makes the meter of a query embedder that does not say whether it computes here."""
+        self._measured: dict[Role, ComputesHere] = {}
 
     @property
     def in_use(self) -> str:
@@ -125,8 +130,25 @@ class EmbedderChoice:
 
     @property
     def in_process(self) -> bool:
-        """Every embedder a query may be given to computes here, with no I/O (``in_process``)."""
-        return all(in_process(e) for e in (self.primary, self.fallback, self.fast) if e is not None)
+        """Every embedder a query may be given to computes here, with no I/O to wait on.
+
+        As the embedder says (``in_process``), or, where it does not say, as
+        its query calls measured so far show (:mod:`.computes_here`).
+        """
+        roles: tuple[tuple[Role, Embedder | None], ...] = (
+            ("primary", self.primary),
+            ("fallback", self.fallback),
+        )
+        for role, e in roles:
+            if e is None:
+                continue
+            said = in_process(e)
+            if said is None:
+                meter = self._measured.get(role)
+                said = meter is not None and meter.verdict
+            if not said:
+                return False
+        return True
 
     @property
     def circuit_open(self) -> bool:
@@ -214,13 +236,23 @@ class EmbedderChoice:
         """Query vectors from the configured embedder, or the fallback while it fails."""
         if self._open_since is None or self.fallback is None:
             try:
-                return self.primary.embed_many(list(texts)), self.primary
+                return self._embed("primary", self.primary, texts), self.primary
             except Exception as exc:
                 if self.fallback is None:
                     raise
                 self.failed(Choice(self.primary, "primary", "configured"), exc)
         assert self.fallback is not None
-        return self.fallback.embed_many(list(texts)), self.fallback
+        return self._embed("fallback", self.fallback, texts), self.fallback
+
+    def _embed(self, role: Role, embedder: Embedder, texts: Sequence[str]) -> Any:
+        """``embedder.embed_many(texts)``, measured where the embedder does not say how it runs."""
+        if in_process(embedder) is not None:
+            return embedder.embed_many(list(texts))
+        meter = self._measured.get(role)
+        if meter is None:
+            with self._lock:
+                meter = self._measured.setdefault(role, self.measure())
+        return meter.call(embedder.embed_many, texts)
 
     # -- where things stand --------------------------------------------------------
 
@@ -240,7 +272,10 @@ class EmbedderChoice:
             "configured": self.primary.version,
             "space": space_of(self.primary),
             "switches": self.switches,
+            "in_process": self.in_process,
         }
+        if self._measured:
+            out["measured"] = {role: m.status() for role, m in list(self._measured.items())}
         if self.fallback is not None:
             since = self._open_since
             out["fallback"] = {

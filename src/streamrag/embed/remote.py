@@ -129,6 +129,8 @@ class _RemoteEmbedder:
     model: str | None = None
     holds_gil = False
     """Waits on the network with the interpreter lock released: no worker process."""
+    in_process = False
+    """A call waits on the network (see :func:`streamrag.embed.base.in_process`)."""
 
     def __init__(
         self,
