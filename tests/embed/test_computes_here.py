@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from streamrag.embed.base import in_process
 from streamrag.embed.choice import EmbedderChoice
@@ -125,10 +126,8 @@ def test_the_meter_counts_only_calls_that_return() -> None:
     def fails(texts: list[str]) -> None:
         raise RuntimeError("down")
 
-    try:
+    with pytest.raises(RuntimeError, match="down"):
         here.call(fails, ["q"])
-    except RuntimeError:
-        pass
     assert here.status() == {"calls": 0, "cpu_share": None}
     assert here.call(lambda texts: len(texts), ["a", "b"]) == 2
     assert here.status()["calls"] == 1
