@@ -427,6 +427,48 @@ def test_a_model_that_does_not_say_how_it_runs_goes_inline_once_measured_computi
     assert choice.status()["measured"]["primary"] == {"calls": MIN_CALLS + 2, "cpu_share": 1.0}
 
 
+def test_queries_that_arrive_together_go_to_the_workers(tmp_path: Path) -> None:
+    """Several clients' queries read in one turn of the loop: none is held on it."""
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    flt = SearchFilter(tenant="acme")
+
+    async def scenario() -> str:
+        for query in ("database password", "backups"):  # measured, then alone: on the loop
+            await asyncio.wait_for(batcher.retrieve(query, 1, flt), 10)
+        together = [batcher.retrieve(q, 1, flt) for q in ("vault", "rotation", "keys")]
+        answers = await asyncio.wait_for(asyncio.gather(*together), 10)
+        assert [len(hits) for _, hits in answers] == [1, 1, 1]
+        return threading.current_thread().name
+
+    try:
+        loop_thread = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert threads[1] == loop_thread
+    # Old behaviour: each of the three ran on the loop in turn, the others unread meanwhile.
+    assert 3 <= len(threads) <= 5  # the three in one to three batches
+    assert loop_thread not in threads[2:]
+    assert _inline(svc) == 1
+
+
+def test_a_query_alone_after_batches_with_company_goes_to_the_workers(tmp_path: Path) -> None:
+    """Many clients between two answers: the next query alone still joins the workers."""
+    svc = make_service(tmp_path)
+    threads = _embedding_threads(svc)
+    batcher = QueryBatcher(
+        svc, workers=1, max_wait_ms=0, inline_max_ms=2.0, clock=_StepClock(0.0001)
+    )
+    batcher.batch_size = 8.0  # recent batches had eight queries on average
+    loop_thread, found = _three_queries_one_by_one(batcher)
+    assert found == [1, 1, 1]
+    assert loop_thread not in threads
+    assert _inline(svc) == 0
+
+
 @pytest.mark.parametrize(
     ("step_s", "bound_ms", "remote"),
     [
