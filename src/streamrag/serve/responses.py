@@ -148,12 +148,27 @@ def errors(*statuses: int, open_route: bool = False) -> dict[int | str, dict[str
     return {s: ERRORS[s] for s in sorted({*statuses, *common})}
 
 
+SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event: its name and its data (a JSON document, or [DONE]).",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+"""One event of a ``text/event-stream`` body: before OpenAPI 3.2 (``itemSchema``), a
+sequential media type's ``schema`` describes each event, not the whole stream."""
+
+
 def event_stream(description: str) -> dict[int | str, dict[str, Any]]:
     """A 200 that may also come as server-sent events (``text/event-stream``)."""
     return {
         200: {
             "description": description,
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": SSE_EVENT}},
         }
     }
 
