@@ -93,7 +93,7 @@ def test_calls_that_start_waiting_send_queries_back_to_the_workers() -> None:
     assert not choice.in_process
 
 
-def test_a_fallback_that_says_nothing_is_measured_when_it_answers() -> None:
+def test_a_fallback_that_says_nothing_is_not_in_process_before_it_answers() -> None:
     clocks = Clocks()
     local = HashingEmbedder(dim=32)
     fallback = Silent(clocks)
