@@ -93,16 +93,35 @@ def test_calls_that_start_waiting_send_queries_back_to_the_workers() -> None:
     assert not choice.in_process
 
 
-def test_a_fallback_that_says_nothing_is_not_in_process_before_it_answers() -> None:
+class Down(HashingEmbedder):
+    """The configured embedder while its service is down: every call raises."""
+
+    def embed_many(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        raise ConnectionError("cannot reach the embedder")
+
+
+def test_a_fallback_that_says_nothing_is_measured_once_it_answers() -> None:
     clocks = Clocks()
-    local = HashingEmbedder(dim=32)
     fallback = Silent(clocks)
-    # The fallback says nothing and has not answered a query: not known to compute here.
-    choice = EmbedderChoice(local, clock=ManualClock(0), fallback=fallback, measure=clocks.meter)
+    choice = EmbedderChoice(
+        HashingEmbedder(dim=32), clock=ManualClock(0), fallback=fallback, measure=clocks.meter
+    )
     for _ in range(MIN_CALLS):
         choice.embed_queries(["q"])  # the configured one answers; the fallback is not called
+    # Not known to compute here while it has not answered a query.
     assert not choice.in_process
     assert "fallback" not in choice.status().get("measured", {})
+
+    failing = EmbedderChoice(
+        Down(dim=32), clock=ManualClock(0), fallback=fallback, measure=clocks.meter
+    )
+    for i in range(MIN_CALLS):
+        assert not failing.in_process, f"in process after {i} fallback calls"
+        _, used = failing.embed_queries(["q"])  # the circuit opens; the fallback answers
+        assert used is fallback
+    assert failing.circuit_open
+    assert failing.in_process
+    assert failing.status()["measured"] == {"fallback": {"calls": MIN_CALLS, "cpu_share": 1.0}}
 
 
 def test_embedders_that_say_how_they_run_are_not_measured() -> None:

@@ -368,7 +368,7 @@ class ServeSettings(_Frozen):
         ge=0,
         description="A lone query (none other in flight or arriving with it, recent batches "
         "alone too) with an embedder that computes in the process is answered on the event "
-        "loop, without the hand-off to a query worker and back (0.5-1.2 ms at one client over "
+        "loop, without the hand-off to a query worker and back (0.6-1.4 ms at one client over "
         "20,000 documents on a 2-core host), while lone queries lately took at most this long; "
         "0 = always hand off.",
     )

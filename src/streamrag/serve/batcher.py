@@ -68,7 +68,7 @@ A lone query may skip the hand-off. Waking a worker on another core and
 waking the event loop back costs ~0.1 ms a query on a 2-vCPU virtual machine
 (a worker that answers at once: 94-129 us there, 26-35 us with the event loop
 and the workers on one core); over 20,000 documents on a 2-core host a lone
-query answered by a worker took 0.5-1.2 ms longer at the client than on the
+query answered by a worker took 0.6-1.4 ms longer at the client than on the
 loop, most of it in the search: the worker's scan helper, woken while the
 loop still ran on the other core, often started late. When no other query is
 in flight, queued or read in the same turn of the loop, recent batches had
@@ -81,8 +81,8 @@ second query would have waited for a busy worker (a query dearer than the
 recent ones, such as a read far back in history, holds it longer, once: the
 average then moves). Queries that arrive together — several clients whose
 queries came in while the loop was held — go to the workers, which batch
-them: answered on the loop one after another, 16 clients got 350-520
-queries/s against 600-750 in batches. A remote embedder, a slow model or a
+them: answered on the loop one after another, 16 clients got 330-530
+queries/s against 560-750 in batches. A remote embedder, a slow model or a
 large exact scan always goes to the workers.
 
 No query waits forever. Each has a deadline (``timeout_s``, the setting
