@@ -11,6 +11,11 @@ splitter: the same texts the pipeline embeds; chunks/s), then replays the file t
 :class:`~streamrag.runtime.service.Service` with ``run_until_caught_up``
 (changes/s). Embedder models are loaded before the clock starts. One JSON object
 is printed on stdout; progress goes to stderr.
+
+With ``--queries`` the last repeat's service is also searched in process; with
+``--against exact`` a second service with that index is built over the same
+file and both are searched in alternated rounds (:func:`time_search_against`),
+so their ratio is measured in one process at one time, not in two runs minutes apart.
 """
 
 from __future__ import annotations
@@ -158,6 +163,51 @@ def time_search(service: Service, queries: list[str], k: int) -> dict[str, float
     return out
 
 
+def time_search_against(
+    services: dict[str, Service], queries: list[str], k: int, rounds: int = 6
+) -> dict[str, Any]:
+    """Two or more services over the same documents, searched in alternated rounds.
+
+    Each round times ``_AB_CALLS`` single-query calls and a tenth as many
+    16-query calls against every service in turn, the order reversed every other
+    round, so that a slow moment of a shared machine falls on both. Per service:
+    the median of each round's median, and the rounds. Call once every service's
+    maintenance is idle.
+    """
+    names = list(services)
+    flt = {n: SearchFilter(tenant=s.settings.ingest.default_tenant) for n, s in services.items()}
+    got: dict[str, dict[int, list[float]]] = {n: {1: [], 16: []} for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            service = services[name]
+            for size, calls in ((1, _AB_CALLS), (16, _AB_CALLS // 10)):
+                times = []
+                for c in range(calls):
+                    i = (c * 7 * size + r) % max(1, len(queries) - size)
+                    t0 = time.perf_counter()
+                    service.retrieve_many(queries[i : i + size], k, flt[name])
+                    times.append(time.perf_counter() - t0)
+                got[name][size].append(float(np.median(times) * 1000))
+    return {
+        "rounds": rounds,
+        "calls_per_round": _AB_CALLS,
+        "kinds": {
+            name: {
+                f"batch{size}_{what}": value
+                for size in (1, 16)
+                for what, value in (
+                    ("median_ms", float(np.median(got[name][size]))),
+                    ("rounds_ms", got[name][size]),
+                )
+            }
+            for name in names
+        },
+    }
+
+
+_AB_CALLS = 200
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the repeats and print the JSON result."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -170,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queries", type=Path, help="JSON list of queries: also time search")
     p.add_argument("-k", type=int, default=5)
     p.add_argument("--index-kind", default="lsm", help="lsm (the default) | exact")
+    p.add_argument(
+        "--against",
+        help="with --queries: also build a service with this index kind (e.g. exact) "
+        "on the last repeat and search both in alternated rounds",
+    )
     p.add_argument(
         "--set",
         action="append",
@@ -193,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     pipe_s: list[float] = []
     counts: dict[str, Any] = {}
     search: dict[str, float] | None = None
+    against: dict[str, Any] | None = None
+    peak: dict[str, int] | None = None
     with tempfile.TemporaryDirectory(prefix="streamrag-bench-") as tmp:
         for r in range(a.repeats):
             raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
@@ -205,8 +262,20 @@ def main(argv: list[str] | None = None) -> int:
             body = service.status()
             counts = {"counts": body["counts"], "index": body["index"]}
             if a.queries is not None and r == a.repeats - 1:
-                search = time_search(service, json.loads(a.queries.read_text()), a.k)
+                qs = json.loads(a.queries.read_text())
+                search = time_search(service, qs, a.k)
                 print(f"{tag} in-process search: {search}", file=sys.stderr, flush=True)
+                if a.against:
+                    peak = proc_status_kib()  # the pipeline's own peak, before a second index
+                    _, other = time_pipeline(
+                        *(a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / "against", a.against),
+                        extra,
+                    )
+                    wait_idle(lambda: thread_cpu_seconds().get(MAINTENANCE_THREAD, 0.0))
+                    pair = {a.index_kind: service, a.against: other}
+                    against = time_search_against(pair, qs, a.k)
+                    print(f"{tag} alternated: {against}", file=sys.stderr, flush=True)
+                    other.stop()
             service.stop()  # stops the index's maintenance thread
             del service
             gc.collect()
@@ -216,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    peak = proc_status_kib()
+    peak = peak or proc_status_kib()
     best_raw = len(texts) / min(raw_s)
     best_pipe = lines / min(pipe_s)
     result = {
@@ -242,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "final": counts,
         "search": search,
+        "search_against": against,
         "rss_baseline_mib": baseline.get("VmRSS", 0) / 1024,
         "peak_rss_mib": peak.get("VmHWM", 0) / 1024,
     }
