@@ -302,3 +302,90 @@ def test_a_copy_that_fails_to_build_leaves_the_segment_exact(
     q = _unit(rng.standard_normal((1, DIM)))
     _, hits = index.search_many(q, 5, SearchFilter())
     assert [h.chunk_id for h in hits[0]] == _brute(rows, q[0], 5)
+
+
+GROWING = LsmSpec(
+    seal_rows=10_000,
+    ann=AnnSpec(min_rows=2**62),
+    compaction=CompactionSpec(fanout=64, seal_rows=10_000),
+    tuning=SearchTuning(half_min_rows=200, half_min_bytes=0),
+    wal_fsync=False,
+)
+
+
+def _commit(index: LsmIndex, rows: np.ndarray, first: int, domains: list[str]) -> None:
+    n = rows.shape[0]
+    ids = range(first, first + n)
+    index.commit(
+        CommitBatch(
+            docs=[
+                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i - first, 1)
+                for i in ids
+            ],
+            chunk_ids=np.arange(first, first + n, dtype=np.int64),
+            positions=np.zeros(n, np.int32),
+            texts=["x"] * n,
+            hashes=[b"h"] * n,
+            vectors=rows,
+            embedder_version="test",
+        )
+    )
+
+
+def _growing(index: LsmIndex) -> tuple[int, int | None]:
+    """The growing segment's rows, and how many of them its copy holds (None: no copy)."""
+    segs = [v.segment for v in index.pin().views if not v.segment.sealed]
+    assert len(segs) == 1
+    half = segs[0].half
+    return segs[0].n, None if half is None else half.rows
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_the_growing_segment_is_scanned_through_a_copy_of_its_first_rows(seed: int) -> None:
+    rng = np.random.default_rng(seed + 100)  # not _cluster's stream: no duplicate rows
+    cluster, query = _cluster(seed)  # 300 random rows, then 200 near-ties around the query
+    # The near-ties first, in the first copy (which cannot prove its list for
+    # ``query``: the float32 rows it covers are scanned instead), random rows after.
+    rows = np.vstack([cluster[300:], cluster[:300], _unit(rng.standard_normal((300, DIM)))])
+    rows[250] = query[0]  # the best row of all, in the rows appended after the first copy
+    domains = ["a" if i % 3 else "b" for i in range(800)]
+    index = LsmIndex(DIM, GROWING, background=False)
+    _commit(index, rows[:250], 0, domains)
+    index.maintain()
+    assert _growing(index) == (250, 250)
+    _commit(index, rows[250:400], 250, domains)
+    index.maintain()
+    assert _growing(index) == (400, 250)  # 150 rows without a copy: under half_min_rows
+    before = index.pin()
+    mask_a = np.array([d == "a" for d in domains])
+    for upto, man in ((400, before), (800, None)):
+        if man is None:
+            _commit(index, rows[400:], 400, domains)
+            index.maintain()
+            assert _growing(index) == (800, 800)
+        for flt, mask in ((SearchFilter(), None), (SearchFilter(domains=frozenset({"a"})), mask_a)):
+            for q in (query, rows[5:6], rows[350:351]):
+                _, hits = index.search_many(q, 5, flt, man)
+                want = _brute(rows[:upto], q[0], 5, None if mask is None else mask[:upto])
+                assert [h.chunk_id for h in hits[0]] == want
+    # A manifest pinned before the copy grew past it reads its own rows only.
+    _, hits = index.search_many(rows[600:601], 5, SearchFilter(), before)
+    assert [h.chunk_id for h in hits[0]] == _brute(rows[:400], rows[600], 5)
+    assert max(h.chunk_id for h in hits[0]) < 400
+
+
+def test_sealing_the_growing_segment_gives_it_a_whole_copy() -> None:
+    rng = np.random.default_rng(41)
+    rows = _unit(rng.standard_normal((450, DIM)))
+    index = LsmIndex(DIM, GROWING, background=False)
+    _commit(index, rows, 0, ["a"] * 450)
+    index.maintain()
+    assert _growing(index) == (450, 450)
+    _commit(index, _unit(rng.standard_normal((50, DIM))), 450, ["a"] * 500)
+    index.seal_all()
+    index.maintain()
+    (seg,) = [v.segment for v in index.pin().views if v.rows]
+    assert seg.sealed
+    assert seg.half is not None
+    assert seg.half.rows == seg.n == 500
+    assert index.health().half_segments == 1

@@ -153,27 +153,32 @@ class LsmMaintenance(LsmPersistence):
         return True
 
     def _build_one_half(self) -> bool:
-        """Give one sealed, exactly searched segment its half-precision copy (:mod:`.half`)."""
+        """Give one segment searched exactly its half-precision copy (:mod:`.half`).
+
+        A sealed segment's copy holds all its rows; the growing segment's the
+        rows it has now (rows are only appended, so those never change).
+        """
         with self._lock:
             todo = self._half_candidates()
-        if not todo:
-            return False
-        seg = todo[0]
-        half = self._half_copy(seg)
+            if not todo:
+                return False
+            seg = todo[0]
+            rows = seg.n
+        half = self._half_copy(seg, rows)
         with self._lock:
             if half is None:
                 self._failed_half.add(seg.id)  # coordinates beyond half precision's range
                 return True
             seg.half = half
             current = self._segments.get(seg.id)
-            if current is not None and current.vectors is seg.vectors:
+            if current is not None and current is not seg and current.vectors is seg.vectors:
                 current.half = half
         return True
 
-    def _half_copy(self, seg: Segment) -> HalfScan | None:
-        """The segment's half-precision copy; None if its vectors or the build refuse one."""
+    def _half_copy(self, seg: Segment, rows: int | None = None) -> HalfScan | None:
+        """A copy of the segment's first ``rows`` rows (all: None); None if refused."""
         try:
-            return HalfScan.build(seg.vectors[: seg.n])
+            return HalfScan.build(seg.vectors[: seg.n if rows is None else rows])
         except Exception as exc:  # searched over float32, as before
             log.exception("building the half-precision copy of %r failed", seg)
             self.last_maintenance_error = f"{type(exc).__name__}: {exc}"

@@ -58,7 +58,7 @@ class IndexHealth:
     wal_torn_tails: int = 0
     """Torn last log records cut off on open (a crash in the middle of a commit)."""
     half_segments: int = 0
-    """Sealed segments scanned exactly through a half-precision copy (:mod:`.half`)."""
+    """Segments scanned exactly through a half-precision copy (:mod:`.half`), growing too."""
 
 
 class LsmReads(LsmState):

@@ -252,18 +252,23 @@ class LsmState:
         ]
 
     def _half_candidates(self) -> list[Segment]:
-        """Sealed segments searched exactly that have no half-precision copy yet."""
+        """Segments searched exactly whose half-precision copy is missing or short.
+
+        A sealed segment's copy holds all its rows. The growing segment gets a
+        copy of the rows it has once ``tuning.half_min_rows`` of them are not
+        in one, and a new one each time as many more arrive; the rows after
+        the copy are scanned in float32 (:meth:`~.search._Scan.add_half`).
+        """
         spec = self._spec.ann
         least = self._spec.tuning.half_min_rows
         todo = [
             s
             for s in self._segments.values()
-            if s.sealed
+            if s.n - (0 if s.half is None else s.half.rows) >= (1 if s.sealed else least)
             and s.ann is None
-            and s.half is None
             and s.n >= least
             and s.id not in self._failed_half
-            and (choose_ann(s.n, spec) is None or s.id in self._failed_ann)
+            and (not s.sealed or choose_ann(s.n, spec) is None or s.id in self._failed_ann)
         ]
         # Asked after every commit: the sum over all segments only when there is a candidate.
         return todo if todo and self._scans_past_cache() else []

@@ -14,14 +14,16 @@ A query runs against the segments of the manifest it pinned, each in three steps
    doc ids, time range and metadata.
 3. **Score**. A growing segment, a sealed one without an ANN structure, or a
    segment where few rows pass the filter is scanned exactly (one matrix
-   product over the matching rows); a sealed one with a half-precision copy
+   product over the matching rows); a segment with a half-precision copy
    (:mod:`.half`) is scanned through it for up to six queries, still
-   exactly, at half the bytes read. Otherwise the ANN structure is asked for
-   enough candidates that ``k`` of them should pass the filter given the share
-   of rows that pass it; candidates are re-scored exactly against the stored
-   vectors, and a query left with fewer than ``k`` asks again for four times as
-   many until the segment is exhausted (then it is scanned exactly). So a filter
-   never silently returns fewer than ``k`` results when ``k`` rows match.
+   exactly, at half the bytes read (the growing segment's copy holds its
+   first rows; those appended since are scanned in float32). Otherwise the
+   ANN structure is asked for enough candidates that ``k`` of them should pass
+   the filter given the share of rows that pass it; candidates are re-scored
+   exactly against the stored vectors, and a query left with fewer than ``k``
+   asks again for four times as many until the segment is exhausted (then it
+   is scanned exactly). So a filter never silently returns fewer than ``k``
+   results when ``k`` rows match.
 
 Every exactly scanned segment writes its scores into one shared row per query
 (:class:`_Scan`), masked rows set to ``-inf``, and one selection picks the
@@ -39,6 +41,7 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
+from streamrag.index.half import HalfScan
 from streamrag.index.hits import Hits, HitTable
 from streamrag.index.scan_helpers import ScanHelpers, scan_helpers
 from streamrag.index.segment import NEVER, ReadSpec, Segment
@@ -187,9 +190,15 @@ class _Part:
 
 @dataclass(slots=True)
 class _Half:
-    """A sealed segment scanned through its half-precision copy (:mod:`.half`)."""
+    """A segment's first ``rows`` rows scanned through its half-precision copy (:mod:`.half`).
+
+    The copy of a sealed segment holds all of its rows; that of the growing
+    segment the rows it had when the copy was made (its later rows are scanned
+    in float32).
+    """
 
     segment: Segment
+    copy: HalfScan
     rows: int
     mask: npt.NDArray[np.bool_] | None
     matching: int
@@ -198,8 +207,7 @@ class _Half:
 
     def search(self, q: F32, k: int) -> None:
         seg = self.segment
-        assert seg.half is not None
-        got = seg.half.search(seg.vectors, q, k, self.mask, self.matching)
+        got = self.copy.search(seg.vectors, q, k, self.mask, self.matching)
         if got is None:
             self.proven = False
             return
@@ -241,15 +249,21 @@ class _Scan:
         Used for a few queries at a time over most of the segment's rows: a
         filter that admits under half of them is cheaper to score in float32 (a
         slice or a gather of just those rows), and a batch of more than
-        ``tuning.half_max_queries`` in one float32 matrix product.
+        ``tuning.half_max_queries`` in one float32 matrix product. A copy of
+        the growing segment covers its first rows: the rows appended since are
+        added to the float32 scan.
         """
-        half = seg.half
-        if half is None or half.rows != n or q.shape[0] > tuning.half_max_queries:
+        copy = seg.half  # read once: maintenance may replace the growing segment's copy
+        if copy is None or copy.rows > n or q.shape[0] > tuning.half_max_queries:
             return False
-        matching = n if mask is None else int(np.count_nonzero(mask))
-        if matching * 2 < n:
+        covered = copy.rows
+        head = None if mask is None else mask[:covered]
+        matching = covered if head is None else int(np.count_nonzero(head))
+        if matching * 2 < covered:
             return False
-        self.halves.append(_Half(seg, n, mask, matching))
+        self.halves.append(_Half(seg, copy, covered, head, matching))
+        if covered < n:
+            self.add(seg, n, mask, covered)
         return True
 
     def run(self, q: F32, k: int, tuning: SearchTuning) -> list[_Found]:
@@ -283,14 +297,16 @@ class _Scan:
             out.extend(again.run(q, k, tuning))
         return out
 
-    def add(self, seg: Segment, n: int, mask: npt.NDArray[np.bool_] | None) -> None:
-        """Score ``seg``'s first ``n`` rows where ``mask`` admits them (None: all)."""
+    def add(self, seg: Segment, n: int, mask: npt.NDArray[np.bool_] | None, start: int = 0) -> None:
+        """Score rows ``[start, n)`` of ``seg`` where ``mask`` admits them (None: all)."""
         if mask is None:
-            self.parts.append(_Part(seg, 0, n, None, None))
+            self.parts.append(_Part(seg, start, n, None, None))
             return
-        rows = np.flatnonzero(mask)
+        rows = np.flatnonzero(mask[start:n])
         if rows.size == 0:
             return
+        if start:
+            rows += start
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         if hi - lo == rows.size:
             # One run (everything, or a time range over a segment in event-time
@@ -298,11 +314,11 @@ class _Scan:
             self.parts.append(_Part(seg, lo, hi, None, None))
         elif hi - lo <= 2 * rows.size:
             self.parts.append(_Part(seg, lo, hi, None, mask[lo:hi]))
-        elif rows.size * 4 <= n:
+        elif rows.size * 4 <= n - start:
             # A selective filter: gather the matching rows and score only those.
             self.parts.append(_Part(seg, 0, 0, rows, None))
         else:
-            self.parts.append(_Part(seg, 0, n, None, mask[:n]))
+            self.parts.append(_Part(seg, start, n, None, mask[start:n]))
 
     def _fill(self, q: F32, scores: F32, starts: list[int], lo: int, hi: int) -> None:
         """Score columns ``[lo, hi)`` of ``scores``: the parts' rows that fall in that range."""

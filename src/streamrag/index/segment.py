@@ -206,7 +206,8 @@ class Segment:
         self.n = 0
         self.sealed = False
         self.ann: Ann | None = None
-        # A sealed segment searched exactly may get a half-precision copy (.half).
+        # A segment searched exactly may get a half-precision copy (.half): of all its
+        # rows once sealed, of its first rows while growing.
         self.half: HalfScan | None = None
         self.file: str | None = None  # the sealed body's file name, once written
         self.ann_file: str | None = None  # the ANN structure's file name, once written
