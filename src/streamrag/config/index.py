@@ -44,9 +44,10 @@ class IndexSettings(Frozen):
     )
     half_copies: bool = Field(
         True,
-        description="Once the vectors scanned exactly pass 16 MiB, sealed segments scanned "
-        "exactly keep a half-precision copy, through which single queries scan half the "
-        "bytes, still exactly (1.5x here; 50% more memory for those vectors).",
+        description="Once the vectors scanned exactly pass 16 MiB, segments scanned exactly "
+        "keep a half-precision copy (the growing one of its first rows), through which single "
+        "queries scan half the bytes, still exactly (1.5x here; 50% more memory for those "
+        "vectors).",
     )
     scan_threads: int = Field(
         0,

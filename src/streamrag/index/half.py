@@ -13,9 +13,10 @@ when maintenance last copied it: rows are only appended, so a copy of the first
 rows stays true, and the rows after it are scanned in float32. A new copy is
 made once ``half_min_rows`` rows lack one. Where the growing segment is big,
 as after a bulk load (4,616 of the 21,200 rows of ``benchmarks/run.py``'s
-20,000 documents), a lone query in process took 0.70–0.72 ms against
-1.24 ms without its copy, and 1.30–1.35 ms with ``index.kind=exact``
-(``benchmarks/ingest.py --against exact``, alternated).
+20,000 documents), a lone query in process took 0.77–0.96 ms (median 0.81)
+with the growing segment's copy against 1.25–1.58 ms (1.35) without it: one
+process, the copy switched on and off over eight alternated rounds of 300
+queries.
 
 The answer is still exact. Rounding a vector to half precision moves each
 coordinate by at most 2⁻¹¹ of itself (2⁻²⁵ in absolute terms below the

@@ -63,7 +63,9 @@ class SearchTuning:
 
     exact_max_rows: int = 4096
     min_ann_share: float = 0.02
-    half_min_rows: int = 2048  # smaller sealed segments get no copy (3 MB stays cached)
+    # Smaller sealed segments get no copy (3 MB stays cached); the growing segment gets
+    # one each time this many of its rows lack one.
+    half_min_rows: int = 2048
     # Nor does any segment while all exactly scanned vectors together are smaller:
     # a scan that stays in the CPU's cache gains nothing from reading half the bytes.
     half_min_bytes: int = 16 << 20
