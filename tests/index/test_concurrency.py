@@ -27,12 +27,17 @@ SIZES = (1, 2, 4)  # queries per call, by reader
 SPLIT = SearchTuning(scan_threads=4, split_min_rows=1, half_min_rows=1, half_min_bytes=0)
 
 
-@pytest.mark.parametrize("tuning", [SearchTuning(), SPLIT], ids=["default", "split"])
-def test_every_result_is_that_of_one_committed_epoch(tuning: SearchTuning) -> None:
+@pytest.mark.parametrize(
+    ("tuning", "seal_rows"),
+    [(SearchTuning(), 4), (SPLIT, 4), (SPLIT, 256)],
+    # growing: the growing segment lives for many epochs, its copy replaced under the readers
+    ids=["default", "split", "growing"],
+)
+def test_every_result_is_that_of_one_committed_epoch(tuning: SearchTuning, seal_rows: int) -> None:
     spec = LsmSpec(
-        seal_rows=4,
+        seal_rows=seal_rows,
         ann=AnnSpec(min_rows=2**62),
-        compaction=CompactionSpec(fanout=2, seal_rows=4),
+        compaction=CompactionSpec(fanout=2, seal_rows=seal_rows),
         tuning=tuning,
     )
     helpers = scan_helpers(4)
@@ -104,3 +109,7 @@ def test_every_result_is_that_of_one_committed_epoch(tuning: SearchTuning) -> No
     assert len(epochs_seen) > 1  # the readers really ran while epochs changed
     if tuning is SPLIT:
         assert helpers.borrowed > borrowed, "no scan was split: this tests nothing"
+    if seal_rows > 4:
+        growing = [v.segment for v in index.pin().views if not v.segment.sealed]
+        assert growing, "nothing left growing: this tests nothing"
+        assert all(s.half is not None and 0 < s.half.rows <= s.n for s in growing)
