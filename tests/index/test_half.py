@@ -389,3 +389,21 @@ def test_sealing_the_growing_segment_gives_it_a_whole_copy() -> None:
     assert seg.half is not None
     assert seg.half.rows == seg.n == 500
     assert index.health().half_segments == 1
+
+
+def test_a_segment_that_gets_a_graph_drops_the_copy_it_had_while_growing() -> None:
+    rng = np.random.default_rng(43)
+    rows = _unit(rng.standard_normal((500, DIM)))
+    spec = replace(GROWING, seal_rows=500, ann=AnnSpec(min_rows=400))
+    index = LsmIndex(DIM, spec, background=False)
+    _commit(index, rows[:450], 0, ["a"] * 500)
+    index.maintain()
+    assert _growing(index) == (450, 450)
+    _commit(index, rows[450:], 450, ["a"] * 500)  # fills the segment: sealed
+    index.maintain()
+    (seg,) = [v.segment for v in index.pin().views if v.rows]
+    assert seg.sealed
+    assert seg.ann is not None, "no graph: this tests nothing"
+    assert seg.half is None  # 450 rows of a copy no search would read
+    _, hits = index.search_many(rows[7:8], 5, SearchFilter())
+    assert hits[0][0].chunk_id == 7

@@ -187,9 +187,12 @@ class LsmMaintenance(LsmPersistence):
     def _attach_ann(self, seg: Segment, ann: Ann) -> None:
         with self._lock:
             seg.ann = ann
+            # A copy of its first rows from when it was growing: the structure answers now.
+            seg.half = None
             current = self._segments.get(seg.id)
             if current is not None and current.vectors is seg.vectors:
                 current.ann = ann
+                current.half = None
             self._needs_checkpoint = True
             self._probe_interval = self._spec.ann.probe_every  # check it on live queries soon
 
