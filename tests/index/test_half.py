@@ -176,6 +176,25 @@ def test_coordinates_beyond_half_precision_get_no_copy() -> None:
     assert HalfScan.build(rows) is None
 
 
+def _commit(index: LsmIndex, rows: np.ndarray, first: int, domains: list[str]) -> None:
+    n = rows.shape[0]
+    ids = range(first, first + n)
+    index.commit(
+        CommitBatch(
+            docs=[
+                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i - first, 1)
+                for i in ids
+            ],
+            chunk_ids=np.arange(first, first + n, dtype=np.int64),
+            positions=np.zeros(n, np.int32),
+            texts=["x"] * n,
+            hashes=[b"h"] * n,
+            vectors=rows,
+            embedder_version="test",
+        )
+    )
+
+
 SPEC = LsmSpec(
     seal_rows=250,
     ann=AnnSpec(min_rows=2**62),
@@ -187,22 +206,7 @@ SPEC = LsmSpec(
 
 def _index(rows: np.ndarray, domains: list[str]) -> LsmIndex:
     index = LsmIndex(DIM, SPEC, background=False)
-    n = rows.shape[0]
-    docs = [
-        DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i, 1)
-        for i in range(n)
-    ]
-    index.commit(
-        CommitBatch(
-            docs=docs,
-            chunk_ids=np.arange(n, dtype=np.int64),
-            positions=np.zeros(n, np.int32),
-            texts=["x"] * n,
-            hashes=[b"h"] * n,
-            vectors=rows,
-            embedder_version="test",
-        )
-    )
+    _commit(index, rows, 0, domains)
     index.seal_all()
     index.maintain()
     return index
@@ -268,19 +272,7 @@ def test_an_index_scanned_within_the_cache_gets_no_copies() -> None:
 def _filled(spec: LsmSpec) -> LsmIndex:
     index = LsmIndex(DIM, spec, background=False)
     rng = np.random.default_rng(1)
-    rows = _unit(rng.standard_normal((9000, DIM)))
-    docs = [DocOp("default", f"d{i}", Op.UPSERT, 1_000, i, "src", "", i, 1) for i in range(9000)]
-    index.commit(
-        CommitBatch(
-            docs=docs,
-            chunk_ids=np.arange(9000, dtype=np.int64),
-            positions=np.zeros(9000, np.int32),
-            texts=["x"] * 9000,
-            hashes=[b"h"] * 9000,
-            vectors=rows,
-            embedder_version="test",
-        )
-    )
+    _commit(index, _unit(rng.standard_normal((9000, DIM))), 0, [""] * 9000)
     index.seal_all()
     index.maintain()
     return index
@@ -311,25 +303,6 @@ GROWING = LsmSpec(
     tuning=SearchTuning(half_min_rows=200, half_min_bytes=0),
     wal_fsync=False,
 )
-
-
-def _commit(index: LsmIndex, rows: np.ndarray, first: int, domains: list[str]) -> None:
-    n = rows.shape[0]
-    ids = range(first, first + n)
-    index.commit(
-        CommitBatch(
-            docs=[
-                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", domains[i], i - first, 1)
-                for i in ids
-            ],
-            chunk_ids=np.arange(first, first + n, dtype=np.int64),
-            positions=np.zeros(n, np.int32),
-            texts=["x"] * n,
-            hashes=[b"h"] * n,
-            vectors=rows,
-            embedder_version="test",
-        )
-    )
 
 
 def _growing(index: LsmIndex) -> tuple[int, int | None]:
