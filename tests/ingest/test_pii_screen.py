@@ -8,6 +8,7 @@ These tests fail if the screen ever rules out a text with a real finding.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from streamrag.config.redaction import RedactionSettings
 from streamrag.errors import ConfigError
-from streamrag.ingest.pii import Redactor, Span
+from streamrag.ingest.pii import Redactor, Span, detectors
 from streamrag.ingest.pii.detectors import Candidates, Screen, build_detector
 from streamrag.ingest.pii.planted import planted_corpus
 
@@ -157,3 +158,79 @@ def test_random_mixes_of_values_and_prose_agree() -> None:
         parts = rng.sample(values, 2)
         text = " ".join(p[len(PROSE) + 1 : len(p) - len(PROSE) - 1] for p in parts)
         assert screened.find(text) == unscreened.find(text)
+
+
+# -- the number detectors' shape test (detectors.shape_of) ----------------------------
+
+NUMBERS = ("cn_id", "iban", "card", "phone")
+"""The detectors that look at a text's shape before running their pattern."""
+
+_EVERY_SHAPE = b"00000000000000000s0000s0000AA00"
+"""A shape that holds every run the number detectors look for: with it they run their
+patterns on every text, as before the shape test."""
+
+
+def _without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(detectors, "shape_of", lambda text: _EVERY_SHAPE)
+
+
+def _numbers_in_context() -> list[str]:
+    """Planted numbers, alone and amid short numbers, capitals and separators."""
+    rng = random.Random(5)
+    noise = ["w123", "4567", "12-34", "(0)", "+1", "GB", "AB12", "v1.2.3", "10:20:30", "-", "x"]
+    out = []
+    for text in [*_bare_values(), *HAND_MADE]:
+        out.append(text)
+        words = [rng.choice(noise) for _ in range(6)]
+        out.append(" ".join([*words[:3], text, *words[3:]]))
+    return out
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+def test_the_shape_test_hides_no_finding(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a detector finds with the shape test equals what its pattern finds alone."""
+    detector = build_detector(name)
+    texts = _numbers_in_context()
+    with_shapes = [detector.find(t) for t in texts]
+    _without_shapes(monkeypatch)
+    without = [detector.find(t) for t in texts]
+    assert with_shapes == without
+    assert sum(map(bool, without)) >= 20, name  # the corpus holds values of this kind
+
+
+_NUMBERISH = "0123456789 -+().ABGX"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=_NUMBERISH, min_size=0, max_size=60))
+def test_the_shape_test_agrees_on_number_soup(text: str) -> None:
+    detectors_ = [build_detector(n) for n in NUMBERS]
+    with_shapes = [d.find(text) for d in detectors_]
+    saved = detectors.shape_of
+    detectors.shape_of = lambda t: _EVERY_SHAPE  # type: ignore[assignment]
+    try:
+        assert with_shapes == [d.find(text) for d in detectors_]
+    finally:
+        detectors.shape_of = saved
+
+
+def test_short_numbers_are_ruled_out_by_their_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Words with short numbers in them (log lines, ids) never reach the patterns."""
+    text = " ".join(f"w{i} {i * 37 % 1000}" for i in range(60))
+    calls: list[str] = []
+
+    class Spy:
+        def __init__(self, pattern: Any) -> None:
+            self.pattern = pattern
+
+        def finditer(self, t: str) -> Any:
+            calls.append(self.pattern.pattern)
+            return self.pattern.finditer(t)
+
+    for attr in ("_CN_ID", "_IBAN", "_CARD", "_CN_MOBILE", "_CN_LANDLINE"):
+        monkeypatch.setattr(detectors, attr, Spy(getattr(detectors, attr)))
+    for name in NUMBERS:
+        assert build_detector(name).find(text) == []
+    assert calls == []
+    assert build_detector("phone").find(text + " call 13812345678") != []
+    assert len(calls) == 2  # the mobile and landline patterns ran for the number

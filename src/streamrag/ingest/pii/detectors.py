@@ -6,7 +6,9 @@ three steps, cheapest first:
 
 1. **a prefilter** that rules most texts out at C speed — no ``@``, no e-mail;
    fewer than eight digits in the text, no phone number (thirteen: no card);
-   fewer than three dots, no IPv4 address;
+   fewer than three dots, no IPv4 address; and for numbers, no run of digits
+   of the form the pattern needs in the text's shape (:func:`shape_of`:
+   seventeen digits in a row for an identity number, ...);
 2. **a pattern** that proposes candidates, with boundaries so that a card
    number is never read out of the middle of a longer number;
 3. **a validator** (:mod:`.validators`, or :mod:`ipaddress` for addresses) that
@@ -66,6 +68,7 @@ __all__ = [
     "digit_count",
     "register_detector",
     "resolve",
+    "shape_of",
 ]
 
 
@@ -257,6 +260,49 @@ digit_count = _DigitCount()
 """The number of ASCII digits in a text: the prefilter of every number detector."""
 
 
+def _shape_table() -> bytes:
+    table = bytearray(b"x" * 256)
+    table[ord("0") : ord("9") + 1] = b"0" * 10
+    table[ord("A") : ord("Z") + 1] = b"A" * 26
+    table[ord(" ")] = table[ord("-")] = ord("s")
+    return bytes(table)
+
+
+_SHAPE = _shape_table()
+
+
+class _Shape:
+    """A text's shape: each ASCII digit ``0``, capital ``A``, space or dash ``s``, all else ``x``.
+
+    A number detector's pattern needs a run of digits of a certain form: an
+    identity number seventeen digits in a row, a card thirteen or a first
+    group of four and a second of at least four (``4111 1111 ...``), a Chinese
+    phone number seven in a row or three and four (``612 3456``), an IBAN two
+    capitals and two digits. Whether the shape holds such a run is a substring
+    search at C speed, where the detector's regex steps through every digit of
+    the text: on text full of short numbers (log lines, ids, timestamps) the
+    number detectors cost ~5x less with this test first. UTF-8 encodes every
+    non-ASCII character with bytes of 0x80 and above, all mapped to ``x``, and
+    the patterns match ASCII digits only, so the shape never hides a match.
+    Remembered for the last text, like :data:`digit_count`.
+    """
+
+    def __init__(self) -> None:
+        self.last: tuple[str, bytes] = ("", b"")
+
+    def __call__(self, text: str) -> bytes:
+        last = self.last
+        if last[0] is text:
+            return last[1]
+        shape = text.encode("utf-8", "surrogatepass").translate(_SHAPE)
+        self.last = (text, shape)  # one assignment: safe to share between threads
+        return shape
+
+
+shape_of = _Shape()
+"""The shape of a text (:class:`_Shape`): the second prefilter of the number detectors."""
+
+
 def _digits(s: str) -> str:
     return "".join(c for c in s if "0" <= c <= "9")
 
@@ -329,12 +375,19 @@ class PhoneDetector:
         if digit_count(text) < 8:
             return []
         found: list[tuple[int, Span]] = []
+        shape = shape_of(text)
+        # A Chinese number has seven digits in a row, or three and four after one separator.
+        chinese = b"0000000" in shape or b"000s0000" in shape
+        if not chinese and "+" not in text:
+            return []
         if "+" in text:
             for m in _E164.finditer(text):
                 start = m.start()
                 opened = start > 0 and text[start - 1] == "("
                 if _e164_valid(m.group(), opened):
                     found.append((0, Span(start - opened, m.end(), "PHONE")))
+        if not chinese:
+            return resolve(found)
         for m in _CN_MOBILE.finditer(text):
             start = m.start()
             if "1" + m.group(1) in CN_MOBILE_PREFIXES and not _continues_a_group(text, start):
@@ -427,6 +480,10 @@ class CardDetector:
         """Every card number in ``text``."""
         if digit_count(text) < 13:
             return []
+        shape = shape_of(text)
+        # Thirteen digits or more in a row, or printed groups: each starts 4-4 or 4-6.
+        if b"0000000000000" not in shape and b"0000s0000" not in shape:
+            return []
         return [
             Span(m.start(), m.end(), "CARD")
             for m in _CARD.finditer(text)
@@ -466,7 +523,7 @@ class IbanDetector:
 
     def find(self, text: str) -> list[Span]:
         """Every IBAN in ``text``."""
-        if digit_count(text) < 8:
+        if digit_count(text) < 8 or b"AA00" not in shape_of(text):  # "GB82..."
             return []
         out: list[Span] = []
         for m in _IBAN.finditer(text):
@@ -494,7 +551,7 @@ class CnIdDetector:
 
     def find(self, text: str) -> list[Span]:
         """Every identity number in ``text``."""
-        if digit_count(text) < 17:
+        if digit_count(text) < 17 or b"00000000000000000" not in shape_of(text):  # 17 in a row
             return []
         return [
             Span(m.start(), m.end(), "CN_ID")
