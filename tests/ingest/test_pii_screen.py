@@ -170,8 +170,14 @@ _EVERY_SHAPE = b"00000000000000000s0000s0000AA00"
 patterns on every text, as before the shape test."""
 
 
+def _whole(text: str, shape: bytes, needle: object, chars: bytes) -> list[int]:
+    return [0, len(text)]
+
+
 def _without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every number detector runs its patterns over the whole of every text."""
     monkeypatch.setattr(detectors, "shape_of", lambda text: _EVERY_SHAPE)
+    monkeypatch.setattr(detectors, "stretches", _whole)
 
 
 def _numbers_in_context() -> list[str]:
@@ -206,12 +212,36 @@ _NUMBERISH = "0123456789 -+().ABGX"
 def test_the_shape_test_agrees_on_number_soup(text: str) -> None:
     detectors_ = [build_detector(n) for n in NUMBERS]
     with_shapes = [d.find(text) for d in detectors_]
-    saved = detectors.shape_of
+    saved = detectors.shape_of, detectors.stretches
     detectors.shape_of = lambda t: _EVERY_SHAPE  # type: ignore[assignment]
+    detectors.stretches = _whole
     try:
         assert with_shapes == [d.find(text) for d in detectors_]
     finally:
-        detectors.shape_of = saved
+        detectors.shape_of, detectors.stretches = saved
+
+
+def _values() -> list[str]:
+    return [v[len(PROSE) + 1 : len(v) - len(PROSE) - 1] for v in _bare_values()]
+
+
+_GLUE = [" ", "-", "(", ")", "+", ".", "0", "12", "345", "x", "A", "GB", "é", "\n", "  "]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_GLUE) | st.sampled_from(_values()), max_size=8))
+def test_the_shape_test_agrees_on_values_glued_together(parts: list[str]) -> None:
+    """Planted values next to each other, to digits, separators and letters, or non-ASCII."""
+    text = "".join(parts)
+    detectors_ = [build_detector(n) for n in NUMBERS]
+    with_shapes = [d.find(text) for d in detectors_]
+    saved = detectors.shape_of, detectors.stretches
+    detectors.shape_of = lambda t: _EVERY_SHAPE  # type: ignore[assignment]
+    detectors.stretches = _whole
+    try:
+        assert with_shapes == [d.find(text) for d in detectors_]
+    finally:
+        detectors.shape_of, detectors.stretches = saved
 
 
 def test_short_numbers_are_ruled_out_by_their_shape(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -223,9 +253,9 @@ def test_short_numbers_are_ruled_out_by_their_shape(monkeypatch: pytest.MonkeyPa
         def __init__(self, pattern: Any) -> None:
             self.pattern = pattern
 
-        def finditer(self, t: str) -> Any:
+        def finditer(self, t: str, *span: int) -> Any:
             calls.append(self.pattern.pattern)
-            return self.pattern.finditer(t)
+            return self.pattern.finditer(t, *span)
 
     for attr in ("_CN_ID", "_IBAN", "_CARD", "_CN_MOBILE", "_CN_LANDLINE"):
         monkeypatch.setattr(detectors, attr, Spy(getattr(detectors, attr)))
