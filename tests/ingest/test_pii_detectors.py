@@ -254,6 +254,18 @@ def test_ip_addresses_are_validated_by_ipaddress() -> None:
     assert _found(det, text) == ["192.168.1.20", "2001:db8:85a3::8a2e:370:7334", "::ffff:192.0.2.1"]
 
 
+def test_full_ipv6_addresses_are_found_among_log_times() -> None:
+    """Times put many colons in a line; an address without ``::`` is still found among them."""
+    det = IpDetector()
+    times = "12:00:01 12:00:02 12:00:03 "
+    full = "2001:0db8:85a3:0000:0000:8a2e:0370:7334"
+    mapped = "64:ff9b:0:0:0:0:192.0.2.33"  # six groups and an IPv4 address: six colons
+    assert _found(det, f"{times}from {full} at 12:00:04") == [full]
+    assert _found(det, f"{times}from {mapped} at 12:00:04") == [mapped]
+    assert _found(det, f"{times}from 10.1.2.3 at 12:00:04.250") == ["10.1.2.3"]
+    assert _found(det, f"{times}12:00:04.250 12:00:05.500 done") == []
+
+
 @pytest.mark.parametrize(
     "text",
     [
