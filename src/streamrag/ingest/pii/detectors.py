@@ -237,32 +237,6 @@ class EmailDetector:
 
 # --- numbers -------------------------------------------------------------------
 
-_DIGIT_BYTES = b"0123456789"
-
-
-class _DigitCount:
-    """How many ASCII digits a text holds.
-
-    Remembered for the last text, which the detectors of one
-    :class:`~.policy.Redactor` ask about in turn.
-    """
-
-    def __init__(self) -> None:
-        self.last: tuple[str, int] = ("", 0)
-
-    def __call__(self, text: str) -> int:
-        last = self.last
-        if last[0] is text:
-            return last[1]
-        raw = text.encode("utf-8", "surrogatepass")
-        n = len(raw) - len(raw.translate(None, _DIGIT_BYTES))
-        self.last = (text, n)  # one assignment: safe to share between threads
-        return n
-
-
-digit_count = _DigitCount()
-"""The number of ASCII digits in a text: the prefilter of every number detector."""
-
 
 def _shape_table() -> bytes:
     table = bytearray(b"x" * 256)
@@ -290,23 +264,33 @@ class _Shape:
     less with this test first. UTF-8 encodes every non-ASCII character with
     bytes of 0x80 and above, all mapped to ``x``, and the patterns match ASCII
     digits only, so the shape never hides a match. Remembered for the last
-    text, like :data:`digit_count`.
+    text (with its count of digits, :data:`digit_count`).
     """
 
     def __init__(self) -> None:
-        self.last: tuple[str, bytes] = ("", b"")
+        self.last: tuple[str, bytes, int] = ("", b"", 0)
+
+    def _of(self, text: str) -> tuple[str, bytes, int]:
+        last = self.last
+        if last[0] is not text:
+            shape = text.encode("utf-8", "surrogatepass").translate(_SHAPE)
+            last = (text, shape, shape.count(b"0"))
+            self.last = last  # one assignment: safe to share between threads
+        return last
 
     def __call__(self, text: str) -> bytes:
-        last = self.last
-        if last[0] is text:
-            return last[1]
-        shape = text.encode("utf-8", "surrogatepass").translate(_SHAPE)
-        self.last = (text, shape)  # one assignment: safe to share between threads
-        return shape
+        return self._of(text)[1]
+
+    def digits(self, text: str) -> int:
+        """How many ASCII digits ``text`` holds."""
+        return self._of(text)[2]
 
 
 shape_of = _Shape()
 """The shape of a text (:class:`_Shape`): the second prefilter of the number detectors."""
+
+digit_count = shape_of.digits
+"""The number of ASCII digits in a text: the first prefilter of every number detector."""
 
 
 def stretches(text: str, shape: bytes, needle: re.Pattern[bytes], chars: bytes) -> list[int]:
