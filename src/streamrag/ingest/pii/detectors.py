@@ -6,13 +6,14 @@ three steps, cheapest first:
 
 1. **a prefilter** that rules most texts out at C speed — no ``@``, no e-mail;
    fewer than eight digits in the text, no phone number (thirteen: no card);
-   fewer than three dots, no IPv4 address; and for numbers, no run of digits
-   of the form the pattern needs in the text's shape (:func:`shape_of`:
-   seventeen digits in a row for an identity number, ...);
+   no ``.168.1``-like middle of four dotted numbers, no IPv4 address; and for
+   numbers, no run of digits of the form the pattern needs in the text's
+   shape (:mod:`.shapes`: seventeen digits in a row for an identity number,
+   ...);
 2. **a pattern** that proposes candidates, with boundaries so that a card
    number is never read out of the middle of a longer number — for cards and
    Chinese phone numbers run only over the stretches of digits and separators
-   whose shape holds such a run (:func:`stretches`), not over the whole text;
+   whose shape holds such a run, not over the whole text;
 3. **a validator** (:mod:`.validators`, or :mod:`ipaddress` for addresses) that
    keeps only the candidates that really are one: a Luhn check digit, a mod-97
    IBAN, an identity number's birth date and check character, an assigned
@@ -32,7 +33,6 @@ detector listed first.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import ipaddress
 import re
@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from streamrag.errors import ConfigError
 from streamrag.ingest.normalize import holds_any_ascii
+from streamrag.ingest.pii.shapes import digit_count, shape_of, stretches
 from streamrag.ingest.pii.validators import (
     CN_MOBILE_PREFIXES,
     IBAN_LENGTHS,
@@ -236,96 +237,6 @@ class EmailDetector:
 
 
 # --- numbers -------------------------------------------------------------------
-
-
-def _shape_table() -> bytes:
-    table = bytearray(b"x" * 256)
-    table[ord("0") : ord("9") + 1] = b"0" * 10
-    table[ord("A") : ord("Z") + 1] = b"A" * 26
-    table[ord(" ")] = table[ord("-")] = ord("s")
-    table[ord("(")] = table[ord(")")] = ord("p")
-    return bytes(table)
-
-
-_SHAPE = _shape_table()
-
-
-class _Shape:
-    """A text's shape: ASCII digit ``0``, capital ``A``, space or dash ``s``, bracket ``p``.
-
-    Every other character becomes ``x``. A number detector's pattern needs a
-    run of digits of a certain form: an identity number seventeen digits in a
-    row, a card thirteen or a first group of four and a second of at least
-    four (``4111 1111 ...``), a Chinese phone number seven in a row or three
-    and four (``612 3456``), an IBAN two capitals and two digits. Whether the
-    shape holds such a run is a substring search at C speed, where the
-    detector's regex steps through every digit of the text: on text full of
-    short numbers (log lines, ids, timestamps) the number detectors cost 2-5x
-    less with this test first. UTF-8 encodes every non-ASCII character with
-    bytes of 0x80 and above, all mapped to ``x``, and the patterns match ASCII
-    digits only, so the shape never hides a match. Remembered for the last
-    text (with its count of digits, :data:`digit_count`).
-    """
-
-    def __init__(self) -> None:
-        self.last: tuple[str, bytes, int] = ("", b"", 0)
-
-    def _of(self, text: str) -> tuple[str, bytes, int]:
-        last = self.last
-        if last[0] is not text:
-            shape = text.encode("utf-8", "surrogatepass").translate(_SHAPE)
-            last = (text, shape, shape.count(b"0"))
-            self.last = last  # one assignment: safe to share between threads
-        return last
-
-    def __call__(self, text: str) -> bytes:
-        return self._of(text)[1]
-
-    def digits(self, text: str) -> int:
-        """How many ASCII digits ``text`` holds."""
-        return self._of(text)[2]
-
-
-shape_of = _Shape()
-"""The shape of a text (:class:`_Shape`): the second prefilter of the number detectors."""
-
-digit_count = shape_of.digits
-"""The number of ASCII digits in a text: the first prefilter of every number detector."""
-
-
-def stretches(text: str, shape: bytes, needle: re.Pattern[bytes], chars: bytes) -> list[int]:
-    """Where to run a pattern: the stretches of ``text`` made of ``chars`` that hold ``needle``.
-
-    ``chars`` are shape characters (``b"0s"``: digits, spaces and dashes) and
-    every match of the pattern is made of them only, so it lies inside one
-    stretch; ``needle`` is a run every match holds (``0{13}|0000s0000`` for a
-    card), so a stretch without one holds no match. Returns ``[start, end, ...]``
-    of each stretch, in order. Run the pattern from ``start`` (look-behinds still
-    see what stands before) and keep the matches that begin before ``end``. On
-    text with non-ASCII characters, where the shape's bytes are not the text's
-    characters, the one stretch is the whole text.
-    """
-    if not text.isascii():
-        return [0, len(text)]
-    out: list[int] = []
-    mask = shape.translate(_outside(chars))  # "." where a stretch cannot go
-    n, pos = len(shape), 0
-    while (m := needle.search(shape, pos)) is not None:
-        lo = mask.rfind(b".", pos, m.start()) + 1 or pos
-        hi = mask.find(b".", m.end())
-        hi = n if hi < 0 else hi
-        out += (lo, hi)
-        pos = hi
-    return out
-
-
-@functools.cache
-def _outside(chars: bytes) -> bytes:
-    """A table for ``bytes.translate``: ``.`` for every byte not in ``chars``."""
-    table = bytearray(b"." * 256)
-    for c in chars:
-        table[c] = ord("+")
-    return bytes(table)
 
 
 def _digits(s: str) -> str:
