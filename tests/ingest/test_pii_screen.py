@@ -204,21 +204,22 @@ def test_the_shape_test_hides_no_finding(name: str, monkeypatch: pytest.MonkeyPa
     assert sum(map(bool, without)) >= 20, name  # the corpus holds values of this kind
 
 
+def _assert_same_with_and_without_shapes(text: str) -> None:
+    """Every number detector finds in ``text`` what its pattern alone finds."""
+    detectors_ = [build_detector(n) for n in NUMBERS]
+    with_shapes = [d.find(text) for d in detectors_]
+    with pytest.MonkeyPatch.context() as mp:
+        _without_shapes(mp)
+        assert with_shapes == [d.find(text) for d in detectors_]
+
+
 _NUMBERISH = "0123456789 -+().ABGX"
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=_NUMBERISH, min_size=0, max_size=60))
 def test_the_shape_test_agrees_on_number_soup(text: str) -> None:
-    detectors_ = [build_detector(n) for n in NUMBERS]
-    with_shapes = [d.find(text) for d in detectors_]
-    saved = detectors.shape_of, detectors.stretches
-    detectors.shape_of = lambda t: _EVERY_SHAPE  # type: ignore[assignment]
-    detectors.stretches = _whole
-    try:
-        assert with_shapes == [d.find(text) for d in detectors_]
-    finally:
-        detectors.shape_of, detectors.stretches = saved
+    _assert_same_with_and_without_shapes(text)
 
 
 def _values() -> list[str]:
@@ -232,16 +233,7 @@ _GLUE = [" ", "-", "(", ")", "+", ".", "0", "12", "345", "x", "A", "GB", "é", "
 @given(st.lists(st.sampled_from(_GLUE) | st.sampled_from(_values()), max_size=8))
 def test_the_shape_test_agrees_on_values_glued_together(parts: list[str]) -> None:
     """Planted values next to each other, to digits, separators and letters, or non-ASCII."""
-    text = "".join(parts)
-    detectors_ = [build_detector(n) for n in NUMBERS]
-    with_shapes = [d.find(text) for d in detectors_]
-    saved = detectors.shape_of, detectors.stretches
-    detectors.shape_of = lambda t: _EVERY_SHAPE  # type: ignore[assignment]
-    detectors.stretches = _whole
-    try:
-        assert with_shapes == [d.find(text) for d in detectors_]
-    finally:
-        detectors.shape_of, detectors.stretches = saved
+    _assert_same_with_and_without_shapes("".join(parts))
 
 
 def test_short_numbers_are_ruled_out_by_their_shape(monkeypatch: pytest.MonkeyPatch) -> None:
