@@ -16,8 +16,9 @@ What is measured:
   document, on the planted corpus (dense: several values per document), the
   sample corpus, the benchmark workload's prose (``workload.py``) and log-like
   lines full of short numbers (:func:`short_numbers`); best of 3.
-  And the pipeline (hashing embedder, 5,000 workload documents) with redaction
-  on against off: what it costs where the embedder is fastest.
+  And the pipeline (hashing embedder, 5,000 workload documents, and as many
+  log-like lines) with redaction on against off: what it costs where the
+  embedder is fastest.
 * **presidio** — the raw library and best peer: presidio-analyzer's pattern
   recognizers (e-mail, phone with the default regions and CN, credit card, IBAN,
   IP) on the same planted corpus, scored by overlap (its spans may include or
@@ -171,15 +172,25 @@ def throughput(texts: list[str], run: Callable[[str], object], repeats: int = 3)
     }
 
 
-def pipeline_cost(n_docs: int, repeats: int = 2) -> dict[str, Any]:
-    """The hashing-embedder pipeline over workload documents, redaction on and off (best of n)."""
+def pipeline_cost(n_docs: int, repeats: int = 3, texts: list[str] | None = None) -> dict[str, Any]:
+    """The hashing-embedder pipeline, redaction on and off (best of n).
+
+    Over workload documents (prose), or one change per text of ``texts``.
+    """
     from streamrag.runtime.service import Service
 
-    workload = make_workload(WorkloadSpec(n_docs=n_docs, update_fraction=0, delete_fraction=0))
     out: dict[str, Any] = {"changes": n_docs}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "changes.jsonl"
-        workload.write(data)
+        if texts is None:
+            spec = WorkloadSpec(n_docs=n_docs, update_fraction=0, delete_fraction=0)
+            make_workload(spec).write(data)
+        else:
+            lines = (
+                json.dumps({"doc_id": f"line-{i}", "event_time": 1_714_521_600 + i, "text": t})
+                for i, t in enumerate(texts[:n_docs])
+            )
+            data.write_text("".join(line + "\n" for line in lines))
         for on in (True, False) * repeats:  # interleaved, so that load drifts hit both
             settings = load_settings(
                 overrides={
@@ -297,6 +308,8 @@ def main() -> None:
     print("throughput:", {k: v["mb_per_s"] for k, v in speed.items()}, "MB/s", file=sys.stderr)
     cost = pipeline_cost(a.pipeline_docs)
     print("pipeline on/off:", cost["on_over_off_time"], file=sys.stderr, flush=True)
+    numbers_cost = pipeline_cost(a.pipeline_docs, texts=short_numbers(a.pipeline_docs, seed=1))
+    print("on short numbers:", numbers_cost["on_over_off_time"], file=sys.stderr, flush=True)
     res: dict[str, Any] = {
         "benchmark": "redaction",
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -315,6 +328,7 @@ def main() -> None:
         "sample": {"texts": len(sample), "finds": len(sample_finds), "examples": sample_finds[:5]},
         "throughput": speed,
         "pipeline": cost,
+        "pipeline_short_numbers": numbers_cost,
     }
     if importlib.util.find_spec("presidio_analyzer") is not None:
         find, about = presidio_finder()
@@ -356,6 +370,7 @@ def verdict(res: dict[str, Any]) -> str:
         f"{res['sample']['finds']} finds on the sample corpus",
         f"{res['throughput']['workload_prose']['mb_per_s']} MB/s on prose",
         f"pipeline time with redaction x{res['pipeline']['on_over_off_time']}",
+        f"x{res['pipeline_short_numbers']['on_over_off_time']} on short numbers",
     ]
     return "; ".join(parts)
 
