@@ -8,6 +8,8 @@ These tests fail if the screen ever rules out a text with a real finding.
 from __future__ import annotations
 
 import random
+import sys
+import threading
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 
 from streamrag.config.redaction import RedactionSettings
 from streamrag.errors import ConfigError
-from streamrag.ingest.pii import Redactor, Span, detectors
+from streamrag.ingest.pii import Redactor, Span, detectors, shapes
 from streamrag.ingest.pii.detectors import Candidates, Screen, build_detector
 from streamrag.ingest.pii.planted import planted_corpus
 
@@ -170,8 +172,8 @@ _EVERY_SHAPE = b"00000000000000000s0000s0000AA00"
 patterns on every text, as before the shape test."""
 
 
-def _whole(text: str, shape: bytes, needle: object, chars: bytes) -> list[int]:
-    return [0, len(text)]
+def _whole(text: str, shape: bytes, runs: object, chars: bytes) -> list[tuple[int, int]]:
+    return [(0, len(text))]
 
 
 def _without_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,3 +258,29 @@ def test_short_numbers_are_ruled_out_by_their_shape(monkeypatch: pytest.MonkeyPa
     assert calls == []
     assert build_detector("phone").find(text + " call 13812345678") != []
     assert len(calls) == 2  # the mobile and landline patterns ran for the number
+
+
+def test_threads_asking_for_shapes_in_turn_each_get_their_own() -> None:
+    """The shape is remembered for the last text, which threads share: each gets its own."""
+    pool = ["call 138-1234 5678", "card 4111 1111 1111 1111", "w12 w345 6789", "id 110105"]
+    fresh = type(shapes.shape_of)  # an instance of its own: nothing remembered
+    expected = [(fresh()(t), sum(c.isdigit() for c in t)) for t in pool]
+    wrong: list[int] = []
+
+    def work(k: int) -> None:
+        for n in range(20_000):
+            i = (n + k) % len(pool)
+            if (shapes.shape_of(pool[i]), shapes.digit_count(pool[i])) != expected[i]:
+                wrong.append(i)
+
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the interpreter over as often as it can
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(saved)
+    assert wrong == []

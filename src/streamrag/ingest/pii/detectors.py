@@ -268,8 +268,9 @@ _CN_MOBILE = re.compile(
     r"(?:1(?<![0-9A-Za-z+_/.\-]1)|(?:0086|86)(?<![0-9A-Za-z+_/.\-]86)[ \-]?1)"
     r"([3-9][0-9])[ \-]?([0-9]{4})[ \-]?([0-9]{4})(?![0-9])"
 )
-_CN_NEEDLE = re.compile(rb"0000000|000s0000")
-"""What the shape of every Chinese phone number holds (:func:`stretches`)."""
+_CN_RUNS = (b"0000000", b"000s0000")
+"""What the shape of every Chinese phone number holds: seven digits in a row, or three and
+four after one separator (:func:`stretches`)."""
 _CN_LANDLINE = re.compile(
     r"(?:\((0[1-9][0-9]{1,2})\)[ \-]?|(0[1-9][0-9]{1,2})[ \-])([2-8][0-9]{2,3}[ \-]?[0-9]{4})"
     r"(?![0-9])"
@@ -313,22 +314,17 @@ class PhoneDetector:
         if digit_count(text) < 8:
             return []
         found: list[tuple[int, Span]] = []
-        shape = shape_of(text)
-        # A Chinese number has seven digits in a row, or three and four after one separator.
-        chinese = b"0000000" in shape or b"000s0000" in shape
-        if not chinese and "+" not in text:
+        # Where Chinese numbers can be: among digits, spaces, dashes and parentheses.
+        at = stretches(text, shape_of(text), _CN_RUNS, b"0sp")
+        if not at and "+" not in text:
             return []
-        if chinese:  # where they can be: digits, spaces, dashes and parentheses
-            at = stretches(text, shape, _CN_NEEDLE, b"0sp")
         if "+" in text:
             for m in _E164.finditer(text):
                 start = m.start()
                 opened = start > 0 and text[start - 1] == "("
                 if _e164_valid(m.group(), opened):
                     found.append((0, Span(start - opened, m.end(), "PHONE")))
-        if not chinese:
-            return resolve(found)
-        for lo, hi in zip(at[::2], at[1::2], strict=True):
+        for lo, hi in at:
             # Up to the stretch's end: what follows it is no digit, as at a text's end.
             for m in _CN_MOBILE.finditer(text, lo, hi):
                 start = m.start()
@@ -351,8 +347,9 @@ class PhoneDetector:
 _CARD = re.compile(
     r"[0-9](?<![0-9A-Za-z_+\-.][0-9])(?:[ \-]?[0-9]){12,18}(?![0-9A-Za-z_]|[\-.][0-9])"
 )
-_CARD_NEEDLE = re.compile(rb"0000000000000|0000s0000")
-"""What the shape of every card number holds (:func:`stretches`)."""
+_CARD_RUNS = (b"0000000000000", b"0000s0000")
+"""What the shape of every card number holds: thirteen digits in a row, or printed groups
+(each starts 4-4 or 4-6; :func:`stretches`)."""
 _CARD_GROUPS = {(4, 4, 4, 4), (4, 6, 5), (4, 6, 4), (4, 4, 4, 4, 3), (4, 4, 4, 1), (4, 4, 4, 2)}
 
 
@@ -424,15 +421,10 @@ class CardDetector:
         """Every card number in ``text``."""
         if digit_count(text) < 13:
             return []
-        shape = shape_of(text)
-        # Thirteen digits or more in a row, or printed groups: each starts 4-4 or 4-6.
-        if b"0000000000000" not in shape and b"0000s0000" not in shape:
-            return []
-        at = stretches(text, shape, _CARD_NEEDLE, b"0s")
         end = len(text)
         return [
             Span(m.start(), m.end(), "CARD")
-            for lo, hi in zip(at[::2], at[1::2], strict=True)
+            for lo, hi in stretches(text, shape_of(text), _CARD_RUNS, b"0s")
             # Two characters past the stretch: what the pattern's look-ahead reads.
             for m in _CARD.finditer(text, lo, min(end, hi + 2))
             if m.start() < hi and _card_valid(m.group()) and not _continues_a_group(text, m.start())

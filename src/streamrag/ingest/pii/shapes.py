@@ -72,30 +72,43 @@ digit_count = shape_of.digits
 """The number of ASCII digits in a text: the first prefilter of every number detector."""
 
 
-def stretches(text: str, shape: bytes, needle: re.Pattern[bytes], chars: bytes) -> list[int]:
-    """Where to run a pattern: the stretches of ``text`` made of ``chars`` that hold ``needle``.
+def stretches(
+    text: str, shape: bytes, runs: tuple[bytes, ...], chars: bytes
+) -> list[tuple[int, int]]:
+    """Where to run a pattern: the stretches of ``text`` made of ``chars`` that hold a run.
 
     ``chars`` are shape characters (``b"0s"``: digits, spaces and dashes) and
     every match of the pattern is made of them only, so it lies inside one
-    stretch; ``needle`` is a run every match holds (``0{13}|0000s0000`` for a
-    card), so a stretch without one holds no match. Returns ``[start, end, ...]``
-    of each stretch, in order. Run the pattern from ``start`` (look-behinds still
-    see what stands before) and keep the matches that begin before ``end``. On
-    text with non-ASCII characters, where the shape's bytes are not the text's
-    characters, the one stretch is the whole text.
+    stretch; ``runs`` are shape runs one of which every match holds
+    (``0{13}`` or ``0000s0000`` for a card), so a stretch without one holds no
+    match, and a text without one none at all (an empty list, found with a
+    substring search). Returns ``(start, end)`` of each stretch, in order. Run
+    the pattern from ``start`` (look-behinds still see what stands before) and
+    keep the matches that begin before ``end``. On text with non-ASCII
+    characters, where the shape's bytes are not the text's characters, the one
+    stretch is the whole text.
     """
+    if not any(run in shape for run in runs):
+        return []
     if not text.isascii():
-        return [0, len(text)]
-    out: list[int] = []
+        return [(0, len(text))]
+    out: list[tuple[int, int]] = []
+    needle = _either(runs)
     mask = shape.translate(_outside(chars))  # "." where a stretch cannot go
     n, pos = len(shape), 0
     while (m := needle.search(shape, pos)) is not None:
         lo = mask.rfind(b".", pos, m.start()) + 1 or pos
         hi = mask.find(b".", m.end())
         hi = n if hi < 0 else hi
-        out += (lo, hi)
+        out.append((lo, hi))
         pos = hi
     return out
+
+
+@functools.cache
+def _either(runs: tuple[bytes, ...]) -> re.Pattern[bytes]:
+    """A pattern for any one of ``runs``."""
+    return re.compile(b"|".join(re.escape(run) for run in runs))
 
 
 @functools.cache
