@@ -58,6 +58,7 @@ bench: $(BENCH_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/contention.py
 	$(PY) benchmarks/switch_interval.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/http_floor.py
+	$(PY) benchmarks/hits.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_postgres.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_nats.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/freshness_folder.py

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import pickle
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -179,6 +180,28 @@ def test_scan_matches_brute_force(world: _World, name: str, m: int, k: int) -> N
         scores = [h.score for h in got]
         assert scores == sorted(scores, reverse=True)
         assert all(h.tenant == flt.tenant for h in got)
+
+
+@pytest.mark.parametrize(("m", "k", "gathered"), [(1, 7, False), (2, 3, False), (9, 500, True)])
+def test_every_field_of_a_hit_is_its_rows(world: _World, m: int, k: int, gathered: bool) -> None:
+    """A hit carries its own row's fields, read one by one (few candidates) or gathered (many).
+
+    Each hit, its score aside, equals the same chunk as an export of the
+    index shows it: the right segment, row and column for every field.
+    """
+    stored = {hit.chunk_id: hit for hit, _ in world.index.export()}
+    rng = np.random.default_rng(40 + m)
+    queries = np.stack([_vec(rng) for _ in range(m)])
+    _, hits = world.index.search_many(queries, k, SearchFilter())
+    table = hits[0]._table
+    assert table is not None
+    assert table.which is not None, "candidates from one segment only"
+    got = [list(h) for h in hits]
+    assert bool(table._columns) == gathered, "the other way of reading the numbers was taken"
+    assert sum(map(len, got)) >= m
+    for row in got:
+        for hit in row:
+            assert msgspec.structs.replace(hit, score=0.0) == stored[hit.chunk_id]
 
 
 def test_hits_are_built_on_demand_and_travel_as_lists(world: _World) -> None:

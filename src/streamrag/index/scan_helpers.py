@@ -173,18 +173,27 @@ class _Turns:
 
 
 _SHARED: dict[int, ScanHelpers] = {}
+"""The helpers by their thread count (caller included)."""
+_ASKED: dict[int, ScanHelpers] = {}
+"""The helpers by the ``threads`` asked for: every search asks, and ``0`` is resolved once."""
 _SHARED_LOCK = threading.Lock()
 
 
 def scan_helpers(threads: int) -> ScanHelpers:
     """The process's helpers for searches that may use ``threads`` threads (0: every CPU).
 
-    ``threads`` counts the caller: 1 means no helpers at all.
+    ``threads`` counts the caller: 1 means no helpers at all. ``0`` counts the
+    CPUs the process may use when first asked (:func:`~streamrag.cpus.process_cpus`,
+    a system call): every search asks for its helpers, so later searches get
+    the same ones without asking the system again.
     """
-    if threads <= 0:
-        threads = len(process_cpus())
+    found = _ASKED.get(threads)
+    if found is not None:
+        return found
+    count = threads if threads > 0 else len(process_cpus())
     with _SHARED_LOCK:
-        helpers = _SHARED.get(threads)
+        helpers = _SHARED.get(count)
         if helpers is None:
-            helpers = _SHARED[threads] = ScanHelpers(threads - 1)
+            helpers = _SHARED[count] = ScanHelpers(count - 1)
+        _ASKED[threads] = helpers
         return helpers
