@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrag.index.topk import top_k
+from streamrag.index.topk import PARTITION_MAX, top_k
 
 
 def _by_sort(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,3 +70,17 @@ def test_real_valued_scores_of_a_batch() -> None:
     assert cols.tolist() == [[40, 7, 0, 0]]
     assert picked[0, :2].tolist() == [np.float32(0.9), np.float32(0.5)]
     assert np.isneginf(picked[0, 2:]).all()
+
+
+def test_a_lone_row_either_side_of_the_partition_bound() -> None:
+    """One query's row: partitioned up to ``PARTITION_MAX`` scores, through the heaps above."""
+    rng = np.random.default_rng(5)
+    for n in (4_816, PARTITION_MAX, PARTITION_MAX + 1, 21_200):
+        scores = rng.standard_normal((1, n)).astype(np.float32)
+        scores[0, rng.random(n) < 0.3] = -np.inf
+        cols, picked = top_k(scores, 10)
+        want_cols, want_scores = _by_sort(scores, 10)
+        np.testing.assert_array_equal(cols, want_cols)
+        np.testing.assert_array_equal(picked, want_scores)
+        assert cols.dtype == np.int64
+        assert picked.dtype == np.float32
