@@ -48,6 +48,8 @@ def test_the_heap_picks_what_a_stable_sort_picks(
     # Equal scores come in column order; where no tie crosses the k-th score, the sort's columns.
     same = (picked[:, 1:] == picked[:, :-1]) & seen[:, 1:]
     assert (cols[:, 1:][same] > cols[:, :-1][same]).all()
+    if m == 1:  # a lone row is partitioned: of columns tied at the k-th score, the lower
+        np.testing.assert_array_equal(cols, want_cols)
     for i in range(m):
         if (
             seen[i].all()
@@ -75,12 +77,18 @@ def test_real_valued_scores_of_a_batch() -> None:
 def test_a_lone_row_either_side_of_the_partition_bound() -> None:
     """One query's row: partitioned up to ``PARTITION_MAX`` scores, through the heaps above."""
     rng = np.random.default_rng(5)
-    for n in (4_816, PARTITION_MAX, PARTITION_MAX + 1, 21_200):
+    for n in (1_000, PARTITION_MAX, PARTITION_MAX + 1, 21_200):
         scores = rng.standard_normal((1, n)).astype(np.float32)
         scores[0, rng.random(n) < 0.3] = -np.inf
+        # Ties across the tenth score: six columns share it and four are kept.
+        scores[0, rng.choice(n, 6, replace=False)] = np.float32(50.0)
+        scores[0, rng.choice(n, 6, replace=False)] = np.float32(60.0)
         cols, picked = top_k(scores, 10)
         want_cols, want_scores = _by_sort(scores, 10)
-        np.testing.assert_array_equal(cols, want_cols)
         np.testing.assert_array_equal(picked, want_scores)
+        np.testing.assert_array_equal(scores[0, cols[0]], picked[0])
+        if n <= PARTITION_MAX:  # partitioned: of the tied columns, the lower are kept
+            np.testing.assert_array_equal(cols, want_cols)
+        assert len(set(cols[0].tolist())) == 10
         assert cols.dtype == np.int64
         assert picked.dtype == np.float32

@@ -139,11 +139,19 @@ class HitTable:
         (:data:`_HIT_BY_HIT`): gathering costs a dozen numpy calls per segment
         that holds a candidate, reading one by one five calls per candidate.
         The first build right after a search (``benchmarks/hits.py``, 2-core
-        Intel Xeon, two runs each): one query's five hits over 13 segments took
-        60–61 µs one by one against 182–201 µs gathered over every segment as
-        before, over 3 segments 32–34 against 69 µs; four queries 155–157
-        against 296–308 µs and 78–84 against 102–103 µs.
+        Intel Xeon, two alternated runs each): one query's five hits over 13
+        segments took 62–65 µs one by one against 187–189 µs gathered over
+        every segment as before, over 3 segments 35–38 against 69–71 µs; four
+        queries 164–170 against 298–305 µs and 84–86 against 104–110 µs; 16
+        and 64 queries (gathered either way) within noise.
         """
+        m, kk = self.rows.shape
+        if m * kk <= _HIT_BY_HIT * len(self.segments):
+            return self._by_row()
+        return self._by_column()
+
+    def _candidates(self) -> Iterator[list[tuple[int, Segment, int, float]]]:
+        """Per query, its hits' places in the table, segments, rows and scores (no ``-inf``)."""
         segs, which = self.segments, self.which
         m, kk = self.rows.shape
         rows_l = self.rows.ravel().tolist()
@@ -151,38 +159,50 @@ class HitTable:
         which_l = None if which is None else which.ravel().tolist()
         one = segs[0]
         ninf = -math.inf
-        out: list[list[Hit]] = []
-        if m * kk <= _HIT_BY_HIT * len(segs):
-            for i in range(m):
-                hits = []
-                for j in range(i * kk, (i + 1) * kk):
-                    score = scores_l[j]
-                    if score == ninf:
-                        continue
-                    seg = one if which_l is None else segs[which_l[j]]
-                    r = rows_l[j]
-                    hits.append(
-                        Hit(
-                            score,
-                            seg.chunk_ids.item(r),
-                            seg.tenants[r],
-                            seg.doc_ids[r],
-                            seg.domains[r],
-                            seg.positions.item(r),
-                            seg.texts[r],
-                            seg.valid_from.item(r),
-                            seg.sources[r],
-                            seg.offsets.item(r),
-                            seg.committed.item(r),
-                            seg.embedders[r],
-                            seg.metadata[r],
-                        )
-                    )
-                out.append(hits)
-            return out
+        for i in range(m):
+            yield [
+                (j, one if which_l is None else segs[which_l[j]], rows_l[j], scores_l[j])
+                for j in range(i * kk, (i + 1) * kk)
+                if scores_l[j] != ninf
+            ]
+
+    def _by_row(self) -> list[list[Hit]]:
+        """Hits whose numbers are read from their own rows, one by one."""
+        return [
+            [
+                Hit(
+                    score,
+                    seg.chunk_ids.item(r),
+                    seg.tenants[r],
+                    seg.doc_ids[r],
+                    seg.domains[r],
+                    seg.positions.item(r),
+                    seg.texts[r],
+                    seg.valid_from.item(r),
+                    seg.sources[r],
+                    seg.offsets.item(r),
+                    seg.committed.item(r),
+                    seg.embedders[r],
+                    seg.metadata[r],
+                )
+                for _, seg, r, score in found
+            ]
+            for found in self._candidates()
+        ]
+
+    def _by_column(self) -> list[list[Hit]]:
+        """Hits whose numbers come from columns gathered once for the whole table."""
+        segs, which = self.segments, self.which
+        m, kk = self.rows.shape
         chunk_ids, positions, times, offsets, epochs = (
             self._gathered(name).ravel().tolist() for name in _NUMBERS
         )
+        rows_l = self.rows.ravel().tolist()
+        scores_l = self.scores.ravel().tolist()
+        which_l = None if which is None else which.ravel().tolist()
+        one = segs[0]
+        ninf = -math.inf
+        out: list[list[Hit]] = []
         for i in range(m):
             hits = []
             for j in range(i * kk, (i + 1) * kk):

@@ -13,9 +13,10 @@ kept is not specified; the columns returned are ordered by score, then column.
 
 A lone query's row of up to :data:`PARTITION_MAX` scores is the exception:
 there setting up the heaps through FAISS's Python wrapper costs more than the
-selection (one row of 212 scores: 21.5 µs through the heaps, 4.8 µs with
-``np.argpartition`` on the row; 4,816 scores 22.2 against 12.4; 21,200 scores
-33.0 against 33.3 — a 2-core Intel Xeon host, best of five runs of 2,000).
+selection. On a 2-core Intel Xeon host (best of five runs of 2,000): 212
+scores 23.2 µs through the heaps against 8.5 µs partitioned with
+``np.argpartition``, 2,048 scores 24.0 against 11.5, 4,096 scores 25.5 against
+16.1; past that the partition slowed (6,000 scores 53 µs), and the heaps stay.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = ["PARTITION_MAX", "top_k"]
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 
-PARTITION_MAX = 16_384
+PARTITION_MAX = 4_096
 """Up to this many scores, a single row is selected with ``np.argpartition``, not the heaps."""
 
 
@@ -64,9 +65,24 @@ def top_k(scores: F32, k: int) -> tuple[I64, F32]:
 
 
 def _one_row(scores: F32, k: int) -> tuple[I64, F32]:
-    """:func:`top_k` of one row, by partitioning it: the ``k`` largest, then sorted."""
+    """:func:`top_k` of one row, by partitioning it: the ``k`` largest, then sorted.
+
+    The partition also puts the best score left out in its place, so a tie
+    across the ``k``-th score shows without another pass over the row; then,
+    as a stable sort would, the lower of the tied columns are kept (the
+    partition's choice among them is arbitrary).
+    """
     n = scores.shape[0]
-    cols = np.argpartition(scores, n - k)[n - k :].astype(np.int64, copy=False)
+    if n == k:
+        cols = np.arange(n, dtype=np.int64)
+    else:
+        idx = np.argpartition(scores, (n - k - 1, n - k))
+        cols = idx[n - k :].astype(np.int64, copy=False)
+        kth = scores[idx[n - k]]
+        if kth == scores[idx[n - k - 1]] and kth != -np.inf:
+            above = np.flatnonzero(scores > kth)
+            tied = np.flatnonzero(scores == kth)[: k - above.size]
+            cols = np.concatenate((above, tied)).astype(np.int64, copy=False)
     vals = scores[cols]
     order = np.lexsort((cols, -vals))  # best first, then the lower column
     cols, vals = cols[order], vals[order]
