@@ -131,13 +131,12 @@ class HitTable:
     def _build(self) -> list[list[Hit]]:
         """Hits from the table, best first, skipping ``-inf`` (no hit).
 
-        A table of up to :data:`_HIT_BY_HIT` candidates reads each hit's
-        numbers from its segment's columns (``ndarray.item``: a Python number
+        A table with up to :data:`_HIT_BY_HIT` candidates per segment reads
+        each hit's numbers from its own row (``ndarray.item``: a Python number
         at once); a larger one gathers each number column once
         (:meth:`_gathered`), one fancy index per segment, not one numpy scalar
-        per hit. Which is cheaper depends on the candidates per segment
-        (:data:`_HIT_BY_HIT`): gathering costs a dozen numpy calls per segment
-        that holds a candidate, reading one by one five calls per candidate.
+        per hit. Gathering costs a dozen numpy calls per segment that holds a
+        candidate, reading row by row five calls per candidate.
         The first build right after a search (``benchmarks/hits.py``, 2-core
         Intel Xeon, two alternated runs each): one query's five hits over 13
         segments took 62–65 µs one by one against 187–189 µs gathered over
