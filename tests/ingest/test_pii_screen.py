@@ -162,7 +162,7 @@ def test_random_mixes_of_values_and_prose_agree() -> None:
         assert screened.find(text) == unscreened.find(text)
 
 
-# -- the number detectors' shape test (detectors.shape_of) ----------------------------
+# -- the number detectors' shape test (shapes.shape_of) -------------------------------
 
 NUMBERS = ("cn_id", "iban", "card", "phone")
 """The detectors that look at a text's shape before running their pattern."""

@@ -190,7 +190,12 @@ class HitTable:
         ]
 
     def _by_column(self) -> list[list[Hit]]:
-        """Hits whose numbers come from columns gathered once for the whole table."""
+        """Hits whose numbers come from columns gathered once for the whole table.
+
+        A loop of its own rather than over :meth:`_candidates`: for the large
+        tables that come here, building a tuple per candidate first took 18 %
+        longer (64 queries over 13 segments, warm: 256–263 µs against 216–221).
+        """
         segs, which = self.segments, self.which
         m, kk = self.rows.shape
         chunk_ids, positions, times, offsets, epochs = (

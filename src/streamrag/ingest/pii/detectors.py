@@ -69,11 +69,8 @@ __all__ = [
     "build_detector",
     "build_detectors",
     "detector_names",
-    "digit_count",
     "register_detector",
     "resolve",
-    "shape_of",
-    "stretches",
 ]
 
 
