@@ -38,6 +38,7 @@ from streamrag.embed.base import Embedder, build_embedder
 from streamrag.index.base import SearchFilter
 from streamrag.ingest.normalize import normalize_text
 from streamrag.runtime.build import build_splitter
+from streamrag.runtime.collector import tune_collector
 from streamrag.runtime.service import Service
 from streamrag.runtime.thread_cpu import thread_cpu_seconds
 
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in a.set)}
     tag = f"[ingest {a.label or a.embedder}]"
+    # The process is set up as `streamrag run` sets up its own (the garbage collector's
+    # young threshold, ingest.gc_young), for the bare embedder and the pipeline alike.
+    tune_collector(load_settings(overrides=extra, environ={}).ingest)
 
     docs, lines = read_upsert_texts(a.jsonl)
     if a.embedder != "hashing":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,15 @@ def with_batcher(kwargs: dict[str, Any], clock: ManualClock) -> dict[str, Any]:
     args.setdefault("max_delay_ms", 20)
     kwargs["batcher"] = MicroBatcher(clock=clock, **args)
     return kwargs
+
+
+@pytest.fixture(autouse=True)
+def _restore_the_collector() -> Iterator[None]:
+    """Undo what a test's ``streamrag run`` did to Python's garbage collector (process-wide)."""
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
 
 
 @pytest.fixture(autouse=True)

@@ -85,6 +85,7 @@ def _live(settings: Settings, *, banner: bool, insecure: bool = False) -> None:
     """
     import threading
 
+    from streamrag.runtime.collector import tune_collector
     from streamrag.runtime.service import Service
     from streamrag.runtime.signals import graceful_stop, terminate_as_interrupt
     from streamrag.serve.server import check_port, check_serving, serve_forever
@@ -97,6 +98,7 @@ def _live(settings: Settings, *, banner: bool, insecure: bool = False) -> None:
         with terminate_as_interrupt():
             service = Service(settings)
             service.start()
+            tune_collector(settings.ingest)  # the started service's objects are frozen
     except KeyboardInterrupt:
         console.print("stopping: committing what is pending (a second Ctrl-C exits at once) …")
         if service is not None:
@@ -316,9 +318,11 @@ def run(
     def go() -> None:
         settings = _settings(config, sets, host, port)
         if once:
+            from streamrag.runtime.collector import tune_collector
             from streamrag.runtime.replay import replay
             from streamrag.runtime.signals import graceful_stop
 
+            tune_collector(settings.ingest)
             service = replay(settings).service
             summary = service.status()
             with graceful_stop():
@@ -358,6 +362,7 @@ def replay(
             run_replay(Path(tmp) if state is None else state)
 
     def run_replay(state_dir: Path) -> None:
+        from streamrag.runtime.collector import tune_collector
         from streamrag.runtime.replay import index_digest, replay, window_finals
 
         if not input_path.exists():
@@ -368,6 +373,7 @@ def replay(
             raise StreamragError(msg)
         overrides = [*(sets or []), f"source.path={input_path}", f"state_dir={state_dir}"]
         settings = _settings(config, overrides, None, None)
+        tune_collector(settings.ingest)
         result = replay(settings)
         summary = result.service.status()
         if out_dir is not None:

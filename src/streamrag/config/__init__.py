@@ -143,6 +143,14 @@ class IngestSettings(_Frozen):
         description="How much lower the reader's and committer's CPU priority is than the "
         "process's (Linux; 0: the same): above 0 queries come first when the cores are busy.",
     )
+    gc_young: int = Field(
+        10_000,
+        ge=0,
+        description="Container allocations between two young collections of Python's cyclic "
+        "garbage collector in `streamrag run` and `serve` (Python's default: 700; 0 leaves "
+        "Python's setting). Fewer collections of short-lived per-change objects: ingest "
+        "4-9 % faster on the bench workload (streamrag.runtime.collector).",
+    )
 
 
 class ChunkingSettings(_Frozen):
