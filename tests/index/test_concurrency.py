@@ -24,7 +24,9 @@ SIZES = (1, 2, 4)  # queries per call, by reader
 
 # The default tuning; and one where every exact scan is split over helper threads
 # and sealed segments are searched through half-precision copies (scan_helpers).
-SPLIT = SearchTuning(scan_threads=4, split_min_rows=1, half_min_rows=1, half_min_bytes=0)
+SPLIT = SearchTuning(
+    scan_threads=4, split_min_rows=1, half_min_rows=1, half_min_bytes=0, half_max_queries=6
+)
 
 
 @pytest.mark.parametrize(

@@ -182,8 +182,12 @@ def _world(threads: int) -> tuple[LsmIndex, np.ndarray, list[str]]:
     everything = np.vstack([rows, extra])
     n = everything.shape[0]
     domains = ["b" if i % 4 == 0 else "a" for i in range(n)]
-    tuning = SearchTuning(
-        half_min_rows=1, half_min_bytes=0, scan_threads=threads, split_min_rows=40
+    tuning = SearchTuning(  # copies up to 6 queries a call, whatever this CPU measured
+        half_min_rows=1,
+        half_min_bytes=0,
+        half_max_queries=6,
+        scan_threads=threads,
+        split_min_rows=40,
     )
     index = LsmIndex(DIM, replace(SPEC, tuning=tuning), background=False)
 

@@ -49,6 +49,13 @@ class IndexSettings(Frozen):
         "queries scan half the bytes, still exactly (1.5x here; 50% more memory for those "
         "vectors).",
     )
+    half_max_queries: int = Field(
+        0,
+        ge=0,
+        description="Calls of up to this many queries scan through the half-precision copies, "
+        "larger ones in one float32 matrix product; 0 = measured on this CPU once per process "
+        "(6 on a 2-core AMD EPYC, 1-3 on a 2-core Intel Xeon; streamrag.index.half_limit).",
+    )
     scan_threads: int = Field(
         0,
         ge=0,

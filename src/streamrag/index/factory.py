@@ -64,7 +64,9 @@ def lsm_spec(settings: IndexSettings) -> LsmSpec:
 
 
 def _tuning(settings: IndexSettings) -> SearchTuning:
-    tuning = SearchTuning(scan_threads=settings.scan_threads)
+    tuning = SearchTuning(
+        scan_threads=settings.scan_threads, half_max_queries=settings.half_max_queries or None
+    )
     return tuning if settings.half_copies else replace(tuning, half_min_rows=_NO_ANN)
 
 

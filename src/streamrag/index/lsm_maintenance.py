@@ -26,6 +26,7 @@ import numpy as np
 from streamrag.index.ann import Ann, BuildCancelled, build_ann, choose_ann, recall_on
 from streamrag.index.compaction import droppable, plan
 from streamrag.index.half import HalfScan
+from streamrag.index.half_limit import measure_half_limit
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import Rows, Segment
 
@@ -178,6 +179,8 @@ class LsmMaintenance(LsmPersistence):
     def _half_copy(self, seg: Segment, rows: int | None = None) -> HalfScan | None:
         """A copy of the segment's first ``rows`` rows (all: None); None if refused."""
         try:
+            if self._spec.tuning.half_max_queries is None:
+                measure_half_limit(self._dim, self._spec.seal_rows, self._spec.tuning)
             return HalfScan.build(seg.vectors[: seg.n if rows is None else rows])
         except Exception as exc:  # searched over float32, as before
             log.exception("building the half-precision copy of %r failed", seg)

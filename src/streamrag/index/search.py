@@ -44,10 +44,18 @@ import numpy.typing as npt
 from streamrag.index.half import HalfScan
 from streamrag.index.hits import Hits, HitTable
 from streamrag.index.scan_helpers import ScanHelpers, scan_helpers
+from streamrag.index.scores import score_rows
 from streamrag.index.segment import NEVER, ReadSpec, Segment
 from streamrag.index.topk import top_k
 
-__all__ = ["SearchTuning", "search_segments"]
+__all__ = [
+    "DEFAULT_HALF_QUERIES",
+    "SearchTuning",
+    "View",
+    "half_query_limit",
+    "search_segments",
+    "set_half_query_limit",
+]
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -70,8 +78,9 @@ class SearchTuning:
     # a scan that stays in the CPU's cache gains nothing from reading half the bytes.
     half_min_bytes: int = 16 << 20
     # More per call: the float32 matrix product is as fast (it reads the rows once for
-    # all queries; the copy's scan reads them once a query).
-    half_max_queries: int = 6
+    # all queries; the copy's scan reads them once a query). None: as measured on this
+    # CPU (:mod:`.half_limit`).
+    half_max_queries: int | None = None
     # Threads one exact scan may split across while they are idle (0: every CPU of
     # the process; 1: never split), each range at least ``split_min_rows`` wide.
     scan_threads: int = 0
@@ -80,6 +89,26 @@ class SearchTuning:
     def helpers(self) -> ScanHelpers | None:
         """The process's scan helpers for this tuning (:mod:`.scan_helpers`); None: scan alone."""
         return None if self.scan_threads == 1 else scan_helpers(self.scan_threads)
+
+
+DEFAULT_HALF_QUERIES = 6
+"""Queries a call through the half-precision copies until this process measured its own."""
+
+_half_limits: dict[int, int] = {}
+
+
+def half_query_limit(dim: int) -> int:
+    """Most queries a call scans through the copies, for ``dim``-wide rows.
+
+    As measured on this CPU (:mod:`.half_limit`, once per process and width),
+    :data:`DEFAULT_HALF_QUERIES` until then.
+    """
+    return _half_limits.get(dim, DEFAULT_HALF_QUERIES)
+
+
+def set_half_query_limit(dim: int, limit: int) -> None:
+    """Record the limit measured for ``dim``-wide rows (:mod:`.half_limit`)."""
+    _half_limits[dim] = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +282,14 @@ class _Scan:
         slice or a gather of just those rows), and a batch of more than
         ``tuning.half_max_queries`` in one float32 matrix product. A copy of
         the growing segment covers its first rows: the rows appended since are
-        added to the float32 scan.
+        added to the float32 scan. (Without a set limit, the one measured on
+        this CPU: :mod:`.half_limit`.)
         """
         copy = seg.half  # read once: maintenance may replace the growing segment's copy
-        if copy is None or copy.rows > n or q.shape[0] > tuning.half_max_queries:
+        if copy is None or copy.rows > n:
+            return False
+        limit = tuning.half_max_queries
+        if q.shape[0] > (half_query_limit(q.shape[1]) if limit is None else limit):
             return False
         covered = copy.rows
         head = None if mask is None else mask[:covered]
@@ -332,9 +365,9 @@ class _Scan:
             r0, r1 = a - start, b - start  # within the part
             vectors = part.segment.vectors
             if part.rows is not None:
-                _score(vectors[part.rows[r0:r1]], q, out)
+                score_rows(vectors[part.rows[r0:r1]], q, out)
                 continue
-            _score(vectors[part.lo + r0 : part.lo + r1], q, out)
+            score_rows(vectors[part.lo + r0 : part.lo + r1], q, out)
             if part.keep is not None:
                 np.copyto(out, -np.inf, where=~part.keep[r0:r1])
 
@@ -386,24 +419,6 @@ class _Scan:
                 rows[which == g] += part.lo
         segments = [p.segment for p in self.parts]
         return _Found(segments[0], picked, rows, True, which, segments)
-
-
-def _score(block: F32, q: F32, out: F32) -> None:
-    """``out[i, j] = q[i] · block[j]``: every query's score of every row of ``block``.
-
-    Below four queries, one matrix-vector product each beats a thin matrix
-    product. From four, the rows are the left operand (``block @ q.T``, written
-    transposed into ``out``), likely because OpenBLAS then reads the rows in
-    their stored order rather than as a transposed operand. Measured here over
-    8,192 rows × 384, one thread: 8 queries 0.94 ms against 1.80 ms, 16 queries
-    1.16 ms against 2.11 ms (the transposed write costs ~0.05 ms of that).
-    """
-    m = q.shape[0]
-    if m < 4:
-        for i in range(m):
-            np.dot(block, q[i], out=out[i])
-    else:
-        out[...] = np.matmul(block, q.T).T
 
 
 def _pruned(seg: Segment, spec: ReadSpec) -> bool:

@@ -1,0 +1,172 @@
+"""How many queries a call go through the half-precision copies: measured on this CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamrag.changes import Op
+from streamrag.config import IndexSettings
+from streamrag.index import LsmIndex, LsmSpec, SearchFilter, half_limit, search
+from streamrag.index.ann import AnnSpec
+from streamrag.index.base import CommitBatch, DocOp
+from streamrag.index.compaction import CompactionSpec
+from streamrag.index.factory import lsm_spec
+from streamrag.index.half_limit import measure_half_limit
+from streamrag.index.search import (
+    DEFAULT_HALF_QUERIES,
+    SearchTuning,
+    _Half,
+    half_query_limit,
+    set_half_query_limit,
+)
+
+DIM = 32
+
+
+@pytest.fixture(autouse=True)
+def _fresh_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a process that has measured nothing."""
+    monkeypatch.setattr(search, "_half_limits", {})
+    monkeypatch.setattr(half_limit, "_measured", set())
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, copies_win: Callable[[int], bool]) -> list[int]:
+    """Timings the copies win at the sizes ``copies_win`` says; returns the sizes timed."""
+    sizes: list[int] = []
+
+    def best_of(copies: partial[Any], float32: partial[Any]) -> tuple[float, float]:
+        m = copies.args[1].shape[0]  # search_segments(views, queries, k, spec, epoch, tuning)
+        assert copies.args[5].half_max_queries == m  # through the copies
+        assert float32.args[5].half_max_queries == 0  # the same search in float32
+        sizes.append(m)
+        return (1.0, 2.0) if copies_win(m) else (2.0, 1.0)
+
+    monkeypatch.setattr(half_limit, "_best_of", best_of)
+    return sizes
+
+
+def test_the_limit_is_the_last_size_of_the_run_the_copies_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sizes = _scripted(monkeypatch, lambda m: m <= 3)
+    assert half_query_limit(DIM) == DEFAULT_HALF_QUERIES  # not measured yet
+    assert measure_half_limit(DIM, 1024, SearchTuning()) == 3
+    assert half_query_limit(DIM) == 3
+    assert sizes == [1, 2, 3, 4]  # stops at the first size float32 wins
+
+
+def test_a_later_win_does_not_extend_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    _scripted(monkeypatch, lambda m: m in (1, 5))
+    assert measure_half_limit(DIM, 1024, SearchTuning()) == 1
+
+
+def test_copies_that_never_win_are_never_searched_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _scripted(monkeypatch, lambda m: False)
+    assert measure_half_limit(DIM, 1024, SearchTuning()) == 0
+
+
+def test_measured_once_per_process_and_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _scripted(monkeypatch, lambda m: m <= 2)
+    measure_half_limit(DIM, 1024, SearchTuning())
+    timed = len(sizes)
+    assert measure_half_limit(DIM, 1024, SearchTuning()) == 2
+    assert len(sizes) == timed  # not measured again
+    measure_half_limit(DIM * 2, 1024, SearchTuning())
+    assert len(sizes) == 2 * timed  # another width is
+
+
+def test_a_real_measurement_times_the_search_both_ways() -> None:
+    """Unscripted: the synthetic segments are searched; the limit is one of the sizes."""
+    limit = measure_half_limit(16, 1024, SearchTuning(scan_threads=1))
+    assert limit in (0, *half_limit._SIZES)
+    assert half_query_limit(16) == limit
+
+
+def _commit(index: LsmIndex, rows: np.ndarray) -> None:
+    n = rows.shape[0]
+    index.commit(
+        CommitBatch(
+            docs=[
+                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", "", i, 1)
+                for i in range(n)
+            ],
+            chunk_ids=np.arange(n, dtype=np.int64),
+            positions=np.zeros(n, np.int32),
+            texts=["x"] * n,
+            hashes=[b"h"] * n,
+            vectors=rows,
+            embedder_version="test",
+        )
+    )
+
+
+def _index_with_copies(tuning: SearchTuning) -> LsmIndex:
+    spec = LsmSpec(
+        seal_rows=250,
+        ann=AnnSpec(min_rows=2**62),
+        compaction=CompactionSpec(fanout=64, seal_rows=250),
+        tuning=replace(tuning, half_min_rows=1, half_min_bytes=0),
+        wal_fsync=False,
+    )
+    index = LsmIndex(DIM, spec, background=False)
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+    _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
+    index.seal_all()
+    index.maintain()
+    assert index.health().half_segments > 0, "no copies: this tests nothing"
+    return index
+
+
+def _through_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch sizes searched through a copy from now on."""
+    seen: list[int] = []
+    search_one = _Half.search
+
+    def spy(self: _Half, q: np.ndarray, k: int) -> None:
+        seen.append(q.shape[0])
+        search_one(self, q, k)
+
+    monkeypatch.setattr(_Half, "search", spy)
+    return seen
+
+
+def test_the_maintenance_measures_before_the_first_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+
+    def measured(dim: int, segment_rows: int, tuning: SearchTuning) -> tuple[int, dict[int, float]]:
+        calls.append((dim, segment_rows))
+        return 2, {}
+
+    monkeypatch.setattr(half_limit, "_measure", measured)
+    index = _index_with_copies(SearchTuning())
+    assert calls == [(DIM, 250)]  # once, for the index's width and segment size
+    seen = _through_copies(monkeypatch)
+    queries = np.eye(DIM, dtype=np.float32)
+    index.search_many(queries[:2], 5, SearchFilter())
+    assert set(seen) == {2}  # every copy, at that size
+    seen.clear()
+    index.search_many(queries[:3], 5, SearchFilter())
+    assert seen == []  # past the measured limit: the float32 product
+
+
+def test_a_set_limit_is_kept_and_nothing_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(half_limit, "_measure", lambda *a: pytest.fail("measured"))
+    index = _index_with_copies(SearchTuning(half_max_queries=5))
+    set_half_query_limit(DIM, 1)  # what another index of this width measured
+    seen = _through_copies(monkeypatch)
+    index.search_many(np.eye(DIM, dtype=np.float32)[:5], 5, SearchFilter())
+    assert set(seen) == {5}
+
+
+def test_the_setting_sets_the_limit_and_zero_measures() -> None:
+    assert lsm_spec(IndexSettings()).tuning.half_max_queries is None
+    assert lsm_spec(IndexSettings(half_max_queries=4)).tuning.half_max_queries == 4
