@@ -170,3 +170,27 @@ def test_a_set_limit_is_kept_and_nothing_is_measured(monkeypatch: pytest.MonkeyP
 def test_the_setting_sets_the_limit_and_zero_measures() -> None:
     assert lsm_spec(IndexSettings()).tuning.half_max_queries is None
     assert lsm_spec(IndexSettings(half_max_queries=4)).tuning.half_max_queries == 4
+
+
+def test_no_copy_is_made_where_none_would_be_searched_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(half_limit, "_measure", lambda *a: (0, {}))
+    spec = LsmSpec(
+        seal_rows=250,
+        ann=AnnSpec(min_rows=2**62),
+        compaction=CompactionSpec(fanout=64, seal_rows=250),
+        tuning=SearchTuning(half_min_rows=1, half_min_bytes=0),
+        wal_fsync=False,
+    )
+    index = LsmIndex(DIM, spec, background=False)
+    rng = np.random.default_rng(4)
+    rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    _commit(index, rows)
+    index.seal_all()
+    index.maintain()
+    assert index.health().half_segments == 0
+    assert index.last_maintenance_error is None  # declined, not failed
+    _, hits = index.search_many(rows[:3], 1, SearchFilter())
+    assert [h[0].chunk_id for h in hits] == [0, 1, 2]

@@ -168,7 +168,8 @@ class LsmMaintenance(LsmPersistence):
         half = self._half_copy(seg, rows)
         with self._lock:
             if half is None:
-                self._failed_half.add(seg.id)  # coordinates beyond half precision's range
+                # Coordinates beyond half precision's range, or no copy is worth making here.
+                self._failed_half.add(seg.id)
                 return True
             seg.half = half
             current = self._segments.get(seg.id)
@@ -177,10 +178,17 @@ class LsmMaintenance(LsmPersistence):
         return True
 
     def _half_copy(self, seg: Segment, rows: int | None = None) -> HalfScan | None:
-        """A copy of the segment's first ``rows`` rows (all: None); None if refused."""
+        """A copy of the segment's first ``rows`` rows (all: None); None if refused.
+
+        Refused also where this CPU measured no batch size that the copies
+        search faster (:mod:`.half_limit`): they would cost memory for nothing.
+        """
         try:
-            if self._spec.tuning.half_max_queries is None:
-                measure_half_limit(self._dim, self._spec.seal_rows, self._spec.tuning)
+            tuning = self._spec.tuning
+            # Measured once per process, before the first copy (:mod:`.half_limit`).
+            measured = tuning.half_max_queries is None
+            if measured and measure_half_limit(self._dim, self._spec.seal_rows, tuning) == 0:
+                return None  # this CPU searches faster without: no copy is made
             return HalfScan.build(seg.vectors[: seg.n if rows is None else rows])
         except Exception as exc:  # searched over float32, as before
             log.exception("building the half-precision copy of %r failed", seg)
