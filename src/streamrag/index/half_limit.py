@@ -19,13 +19,17 @@ measured, not assumed:
 
 :func:`measure_half_limit` runs the search itself (:func:`~.search.search_segments`,
 with the index's own tuning and threads) over synthetic sealed segments of the
-index's segment size, 32 MiB of float32 rows in all (copies are only made once
-the rows scanned exactly pass 16 MiB), both ways for each batch size, best of
-several alternated tries, and takes the largest size up to which the copies
-were faster at every size. It runs once per process and width, in the index's
-maintenance thread before the first copy is made (a second or so of one core,
-~50 MiB for the while), never on a query's path. ``index.half_max_queries``
-sets the limit instead.
+index's segment size, 16 MiB of float32 rows in all (copies are only made once
+the rows scanned exactly reach that much), both ways for each batch size, best
+of several alternated tries, and takes the largest size up to which the copies
+were faster at every size. Where none was, no copy is made at all (they would
+cost half as much memory again for nothing). It runs once per process and
+width, in the index's maintenance thread before the first copy is made (0.2–0.6
+s of one core here; the process's peak memory grows by ~54 MB for the while,
+the synthetic rows, their copies and the segments' columns), never on a
+query's path. Measured under whatever else the process does then (a bulk load,
+often): on the Intel host above it gave 0 or 1, the sizes where the two ways
+tie. ``index.half_max_queries`` sets the limit instead.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ F32 = npt.NDArray[np.float32]
 _SIZES = (1, 2, 3, 4, 5, 6, 8)
 """Batch sizes tried, in order; the limit is the last of a run of sizes the copies win."""
 
-_BYTES = 32 << 20
+_BYTES = 16 << 20
 """Float32 rows searched: past the caches, as the rows are once copies are worth making."""
 
 _MIN_ROWS = 1024
