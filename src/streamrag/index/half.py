@@ -35,14 +35,17 @@ caller scans the float32 vectors), and re-scores the candidates against the
 float32 vectors. Many equal vectors near the top (one boilerplate paragraph in
 many documents) take that float32 path; the answer is the same either way.
 
-Batches of more than six queries are left to the float32 matrix product, which
-reads the rows once for all of them where the copy's scan reads them once a
-query. Through the whole search of the peer benchmark's 20,000 documents (two
-sealed segments with copies, a growing one), one thread, two rounds: 4 queries
-3.2–4.2 ms through the copies against 4.8–4.9 ms in float32, 8 queries 6.6
-against 6.4, 12 queries 9.0–9.2 against 6.7–7.1 (the copy's own scan alone,
-16,384 rows: 4 queries 1.5 ms against 4.2, where the selection and re-scoring
-around it cost less than in the index). Segments under 2,048 rows, whose
+Larger batches are left to the float32 matrix product, which reads the rows
+once for all of them where the copy's scan reads them once a query; up to how
+many queries a call the copies are worth is measured on the CPU
+(:mod:`.half_limit`). On the AMD EPYC host of these figures, through the whole
+search of the peer benchmark's 20,000 documents (two sealed segments with
+copies, a growing one), one thread, two rounds: 4 queries 3.2–4.2 ms through
+the copies against 4.8–4.9 ms in float32, 8 queries 6.6 against 6.4, 12
+queries 9.0–9.2 against 6.7–7.1 (the copy's own scan alone, 16,384 rows: 4
+queries 1.5 ms against 4.2, where the selection and re-scoring around it cost
+less than in the index); on an Intel Xeon host with a far larger cache the
+copies tied at one query and lost from two. Segments under 2,048 rows, whose
 float32 rows stay in cache, get no copy
 (:class:`~streamrag.index.search.SearchTuning` holds both limits).
 """

@@ -19,14 +19,15 @@ measured, not assumed:
 
 :func:`measure_half_limit` runs the search itself (:func:`~.search.search_segments`,
 with the index's own tuning and threads) over synthetic sealed segments of the
-index's segment size, 16 MiB of float32 rows in all (copies are only made once
-the rows scanned exactly reach that much), both ways for each batch size, best
-of several alternated tries, and takes the largest size up to which the copies
-were faster at every size. Where none was, no copy is made at all (they would
-cost half as much memory again for nothing). It runs once per process and
-width, in the index's maintenance thread before the first copy is made (0.2–0.6
-s of one core here; the process's peak memory grows by ~54 MB for the while,
-the synthetic rows, their copies and the segments' columns), never on a
+index's segment size, 32 MiB of float32 rows in all (past the last-level
+cache of most CPUs, as an index is once copies are made: they start at 16
+MiB), both ways for each batch size, best of several alternated tries, and
+takes the largest size up to which the copies were faster at every size.
+Where none was, no copy is made at all (they would cost half as much memory
+again for nothing). It runs once per process and width, in the index's
+maintenance thread before the first copy is made (0.2–0.7 s of one core
+here; the process's peak memory grows by up to ~70 MB for the while: the
+synthetic rows, their copies and the segments' columns), never on a
 query's path. Measured under whatever else the process does then (a bulk load,
 often): on the Intel host above it gave 0 or 1, the sizes where the two ways
 tie. ``index.half_max_queries`` sets the limit instead.
@@ -63,7 +64,7 @@ F32 = npt.NDArray[np.float32]
 _SIZES = (1, 2, 3, 4, 5, 6, 8)
 """Batch sizes tried, in order; the limit is the last of a run of sizes the copies win."""
 
-_BYTES = 16 << 20
+_BYTES = 32 << 20
 """Float32 rows searched: past the caches, as the rows are once copies are worth making."""
 
 _MIN_ROWS = 1024
@@ -138,12 +139,14 @@ def _unit(x: F32) -> F32:
 
 
 def _unit_rows(rng: np.random.Generator, n: int, dim: int) -> F32:
-    return _unit(rng.standard_normal((n, dim), dtype=np.float32))
+    rows = rng.standard_normal((n, dim), dtype=np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)  # in place: one block at a time
+    return rows
 
 
 def _sealed_segment(seg_id: int, vectors: F32, first_rid: int) -> Segment:
     """A sealed segment of ``vectors``, one current version each, with its half-precision copy."""
-    n, dim = vectors.shape
+    n = vectors.shape[0]
     ids = np.arange(first_rid, first_rid + n, dtype=np.int64)
     ones = np.ones(n, dtype=np.int64)
     never = np.full(n, NEVER, dtype=np.int64)
@@ -168,9 +171,7 @@ def _sealed_segment(seg_id: int, vectors: F32, first_rid: int) -> Segment:
         hashes=[b""] * n,
         metadata=[None] * n,
     )
-    seg = Segment(seg_id, dim, n)
-    seg.append(rows)
-    seg.seal()
+    seg = Segment.from_rows(seg_id, rows, sealed=True)
     seg.half = HalfScan.build(seg.vectors[:n])
     return seg
 
