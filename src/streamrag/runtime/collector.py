@@ -24,9 +24,11 @@ pipeline's best 14,500–15,600 changes a second with Python's default against
 that later full collections no longer walk it. The process owner calls it:
 ``streamrag run`` and ``streamrag serve`` do once their service has started;
 a program that embeds :class:`~streamrag.runtime.service.Service` may call it
-too, or leave its own collector settings alone. Nothing streamrag holds relies
-on the cyclic collector to be freed promptly; a higher threshold only lets the
-rare cycle live a little longer.
+too, or leave its own collector settings alone. A higher threshold only lets
+the rare reference cycle live a little longer. A frozen object is never
+collected, though: what the started service held and later drops inside a
+cycle (the index of a generation switched away from, say) stays allocated
+until the process ends; reference counting still frees everything else.
 """
 
 from __future__ import annotations
