@@ -15,7 +15,7 @@ the 20,000-document bench workload (hashing embedder, 2-core Intel Xeon,
 alternated): ``benchmarks/ingest.py``, three runs each of three repeats, the
 pipeline's best 14,500–15,600 changes a second with Python's default against
 15,700–16,300 at 10,000 (its ratio to the bare embedder 0.445–0.466 against
-0.473–0.493); four pipelines in one process each, 14,200–16,800 against
+0.473–0.493); four pipelines in one process each, 14,900–16,800 against
 15,900–17,900.
 
 :func:`tune_collector` sets the young threshold (``ingest.gc_young``) and
