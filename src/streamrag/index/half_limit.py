@@ -108,7 +108,7 @@ def _measure(dim: int, segment_rows: int, tuning: SearchTuning) -> tuple[int, di
     rng = np.random.default_rng(0)
     views: list[View] = []
     for i in range(count):
-        seg = _sealed_segment(i + 1, _unit_rows(rng, per, dim), first_rid=i * per)
+        seg = _sealed_segment(i + 1, rng, per, dim, first_rid=i * per)
         if seg.half is None:
             return 0, {}
         views.append(View(seg, per))
@@ -144,9 +144,15 @@ def _unit_rows(rng: np.random.Generator, n: int, dim: int) -> F32:
     return rows
 
 
-def _sealed_segment(seg_id: int, vectors: F32, first_rid: int) -> Segment:
-    """A sealed segment of ``vectors``, one current version each, with its half-precision copy."""
-    n = vectors.shape[0]
+def _sealed_segment(
+    seg_id: int, rng: np.random.Generator, n: int, dim: int, first_rid: int
+) -> Segment:
+    """A sealed segment of ``n`` random unit rows, one version each, with its half-precision copy.
+
+    The rows are made here and let go once the segment holds its copy of them,
+    before the half-precision copy is made: one block less at the peak.
+    """
+    vectors = _unit_rows(rng, n, dim)
     ids = np.arange(first_rid, first_rid + n, dtype=np.int64)
     ones = np.ones(n, dtype=np.int64)
     never = np.full(n, NEVER, dtype=np.int64)
@@ -172,6 +178,7 @@ def _sealed_segment(seg_id: int, vectors: F32, first_rid: int) -> Segment:
         metadata=[None] * n,
     )
     seg = Segment.from_rows(seg_id, rows, sealed=True)
+    del rows, vectors
     seg.half = HalfScan.build(seg.vectors[:n])
     return seg
 
