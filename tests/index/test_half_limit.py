@@ -83,11 +83,28 @@ def test_measured_once_per_process_and_width(monkeypatch: pytest.MonkeyPatch) ->
     assert len(sizes) == 2 * timed  # another width is
 
 
-def test_a_real_measurement_times_the_search_both_ways() -> None:
-    """Unscripted: the synthetic segments are searched; the limit is one of the sizes."""
+def test_a_real_measurement_times_the_search_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unscripted: the synthetic segments are searched both ways, size by size, in order."""
+    calls: list[tuple[int, int | None]] = []
+    real = search.search_segments
+
+    def spy(views: Any, q: np.ndarray, *args: Any) -> Any:
+        calls.append((q.shape[0], args[-1].half_max_queries))
+        return real(views, q, *args)
+
+    monkeypatch.setattr(half_limit, "search_segments", spy)
     limit = measure_half_limit(16, 1024, SearchTuning(scan_threads=1))
     assert limit in (0, *half_limit._SIZES)
     assert half_query_limit(16) == limit
+    sizes = list(dict.fromkeys(m for m, _ in calls))
+    timed = half_limit._SIZES[: len(sizes)]
+    assert sizes == list(timed)  # from one query up, stopping at the first loss
+    for m in sizes:  # each size through the copies and in float32, five times each
+        assert calls.count((m, m)) == half_limit._TRIES
+        assert calls.count((m, 0)) == half_limit._TRIES
+    won = [m for m in sizes if m <= limit]
+    assert won == list(half_limit._SIZES[: len(won)])
+    assert limit == (won[-1] if won else 0)
 
 
 def _commit(index: LsmIndex, rows: np.ndarray) -> None:

@@ -54,7 +54,8 @@ class IndexSettings(Frozen):
         ge=0,
         description="Calls of up to this many queries scan through the half-precision copies, "
         "larger ones in one float32 matrix product; 0 = measured on this CPU once per process "
-        "(6 on a 2-core AMD EPYC, 0-1 on a 2-core Intel Xeon; streamrag.index.half_limit).",
+        "(0-1 on a 2-core Intel Xeon; the fixed limit before was 6, from AMD EPYC hosts; "
+        "streamrag.index.half_limit).",
     )
     scan_threads: int = Field(
         0,
