@@ -20,6 +20,12 @@ cores went in each phase comes from the server's
 ``streamrag_thread_cpu_seconds_total`` (its threads by role) and the load
 generator's own CPU time, in cores used over the phase.
 
+With ``--ingest-apart`` the burst goes to a second server process over its
+own copy of the seed corpus while the load goes to the first: ingest and
+queries then share the cores but not an interpreter, which is what serving
+from processes apart from the writer could gain at most (the queried index
+does not grow meanwhile; the ingesting process's cores are reported too).
+
 Results: ``benchmarks/results/contention.{json,md}``.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -78,10 +85,24 @@ def _writer(path: Path, stop: threading.Event, start: int, rate: int) -> None:
 
 
 def _phase(
-    client: httpx.Client, server: ServerProcess, queries: Path, concurrency: int, duration: float
+    client: httpx.Client,
+    server: ServerProcess,
+    queries: Path,
+    concurrency: int,
+    duration: float,
+    apart: ServerProcess | None = None,
 ) -> dict[str, Any]:
-    """One load run, with the cores each part of the server and the load generator used."""
-    return cores_during(server, client, lambda: _load(server.url, queries, concurrency, duration))
+    """One load run, with the cores each part of the server and the load generator used.
+
+    ``apart``: a second server that ingests meanwhile; its process's cores are reported too.
+    """
+    cpu0, t0 = (_process_cpu(apart.pid) if apart else 0.0), time.perf_counter()
+    out = cores_during(server, client, lambda: _load(server.url, queries, concurrency, duration))
+    if apart:
+        out["cores"]["ingest process"] = (_process_cpu(apart.pid) - cpu0) / (
+            time.perf_counter() - t0
+        )
+    return out
 
 
 def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[str, Any]:
@@ -111,6 +132,12 @@ def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[st
     return result
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, its threads together."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def case(
     tmp: Path,
     name: str,
@@ -118,6 +145,7 @@ def case(
     concurrency: int,
     duration: float,
     extra: dict[str, Any] | None = None,
+    apart: bool = False,
 ) -> dict[str, Any]:
     extra = extra or {}
     work = tmp / name
@@ -133,40 +161,55 @@ def case(
         )
     )
     server = ServerProcess(work, data, {**spec["settings"], **extra, "stop_timeout_s": 2})
+    # ``apart``: the burst goes to a second server over its own copy of the seed
+    # corpus, so that ingest and queries share the cores but not an interpreter.
+    ingester, ingest_data = server, data
+    if apart:
+        (work / "apart").mkdir()
+        ingest_data = work / "apart" / "changes.jsonl"
+        _docs(ingest_data, 0, seed, seed=1)
+        ingester = ServerProcess(
+            work / "apart", ingest_data, {**spec["settings"], **extra, "stop_timeout_s": 2}
+        )
+    servers = [server, ingester] if apart else [server]
+    other = ingester if apart else None
     client = httpx.Client(timeout=60)
     try:
-        server.start()
-        server.wait_caught_up(client, seed, timeout=900)
+        for s in servers:
+            s.start()
+            s.wait_caught_up(client, seed, timeout=900)
         # At rest means maintenance too: the graphs and copies of the seed load built.
-        settled = server.wait_settled(client, timeout=300)
+        settled = max(s.wait_settled(client, timeout=300) or 0.0 for s in servers)
         log(f"{name}: at rest")
-        rest = _phase(client, server, qfile, concurrency, duration)
+        rest = _phase(client, server, qfile, concurrency, duration, other)
         stop = threading.Event()
         writer = threading.Thread(
-            target=_writer, args=(data, stop, seed, spec["rate"]), daemon=True
+            target=_writer, args=(ingest_data, stop, seed, spec["rate"]), daemon=True
         )
         writer.start()
         time.sleep(3)  # ingest is under way
-        before = server.status(client)["counts"]["applied"]
+        before = ingester.status(client)["counts"]["applied"]
         started = time.perf_counter()
-        log(f"{name}: during an ingest burst")
-        busy = _phase(client, server, qfile, concurrency, duration)
+        log(f"{name}: during an ingest burst" + (" in another process" if apart else ""))
+        busy = _phase(client, server, qfile, concurrency, duration, other)
         took = time.perf_counter() - started
-        st = server.status(client)
+        st = ingester.status(client)
         stop.set()
         writer.join()
-        total = int(data.read_bytes().count(b"\n"))
-        server.wait_caught_up(client, total, timeout=900)
-        settled_after = server.wait_settled(client, timeout=300)
+        total = int(ingest_data.read_bytes().count(b"\n"))
+        ingester.wait_caught_up(client, total, timeout=900)
+        settled_after = ingester.wait_settled(client, timeout=300)
         log(f"{name}: at rest again")
-        after = _phase(client, server, qfile, concurrency, duration)
+        after = _phase(client, server, qfile, concurrency, duration, other)
     finally:
         client.close()
-        server.stop(timeout=120)
+        for s in servers:
+            s.stop(timeout=120)
     rest_p50 = (rest["p50_ms"] + after["p50_ms"]) / 2
     rest_p99 = (rest["p99_ms"] + after["p99_ms"]) / 2
     return {
         "embedder": spec["settings"]["embedder.class"],
+        "ingest_apart": apart,
         "seed_docs": seed,
         "concurrency": concurrency,
         "at_rest": rest,
@@ -200,8 +243,9 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     for name, r in results["cases"].items():
         a, b, c = r["at_rest"], r["during_ingest"], r["at_rest_after"]
+        label = f"{name}, ingest in another process" if r.get("ingest_apart") else name
         lines.append(
-            f"| {name} | {r['concurrency']} | {r['seed_docs']:,} → {r['docs_after']:,} | "
+            f"| {label} | {r['concurrency']} | {r['seed_docs']:,} → {r['docs_after']:,} | "
             f"{a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | {b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | "
             f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f} ms | {r['p99_ratio']:.2f}× | "
             f"{a['qps']:.0f} / {b['qps']:.0f} / {c['qps']:.0f} | "
@@ -214,8 +258,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         "| embedder | phase | "
         + " | ".join(r for r, _ in ROLES)
-        + " | other threads | load generator |",
-        "|---|---|" + "---:|" * (len(ROLES) + 2),
+        + " | other threads | load generator | ingest process apart |",
+        "|---|---|" + "---:|" * (len(ROLES) + 3),
     ]
     for name, r in results["cases"].items():
         for label, key in (
@@ -228,6 +272,7 @@ def markdown(results: dict[str, Any]) -> str:
             cells += [
                 f"{cores.get('other threads', 0.0):.2f}",
                 f"{cores.get('load generator', 0.0):.2f}",
+                f"{cores['ingest process']:.2f}" if "ingest process" in cores else "—",
             ]
             lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -247,6 +292,12 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a setting for the server (dotted key, YAML value), e.g. serve.switch_interval_ms=5",
     )
+    ap.add_argument(
+        "--ingest-apart",
+        action="store_true",
+        help="the burst goes to a second server process, queries to the first (what serving "
+        "apart from the writer's interpreter could gain)",
+    )
     args = ap.parse_args()
     extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     results: dict[str, Any] = {
@@ -257,7 +308,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.embedders:
             results["cases"][name] = case(
-                Path(tmp), name, EMBEDDERS[name], args.concurrency, args.duration, extra
+                Path(tmp),
+                name,
+                EMBEDDERS[name],
+                args.concurrency,
+                args.duration,
+                extra,
+                args.ingest_apart,
             )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
