@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -48,7 +47,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import machine_info
-from server import ROLES, ServerProcess, cores_during
+from server import ROLES, ServerProcess, cores_during, process_cpu
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_714_521_600
@@ -96,10 +95,10 @@ def _phase(
 
     ``apart``: a second server that ingests meanwhile; its process's cores are reported too.
     """
-    cpu0, t0 = (_process_cpu(apart.pid) if apart else 0.0), time.perf_counter()
+    cpu0, t0 = (process_cpu(apart.pid) if apart else 0.0), time.perf_counter()
     out = cores_during(server, client, lambda: _load(server.url, queries, concurrency, duration))
     if apart:
-        out["cores"]["ingest process"] = (_process_cpu(apart.pid) - cpu0) / (
+        out["cores"]["ingest process"] = (process_cpu(apart.pid) - cpu0) / (
             time.perf_counter() - t0
         )
     return out
@@ -130,12 +129,6 @@ def _load(url: str, queries: Path, concurrency: int, duration: float) -> dict[st
     )
     result: dict[str, Any] = json.loads(out.stdout)
     return result
-
-
-def _process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used, its threads together."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def case(
@@ -179,7 +172,8 @@ def case(
             s.start()
             s.wait_caught_up(client, seed, timeout=900)
         # At rest means maintenance too: the graphs and copies of the seed load built.
-        settled = max(s.wait_settled(client, timeout=300) or 0.0 for s in servers)
+        waits = [s.wait_settled(client, timeout=300) for s in servers]
+        settled = None if None in waits else max(w for w in waits if w is not None)
         log(f"{name}: at rest")
         rest = _phase(client, server, qfile, concurrency, duration, other)
         stop = threading.Event()

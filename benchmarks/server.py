@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil  # type: ignore[import-untyped]
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,6 +26,7 @@ __all__ = [
     "cores_during",
     "cpu_by_role",
     "free_port",
+    "process_cpu",
     "wait_idle",
 ]
 
@@ -46,6 +48,12 @@ def cpu_by_role(threads: dict[str, float]) -> dict[str, float]:
         role = next((r for r, names in ROLES if thread.startswith(names)), "other threads")
         out[role] = out.get(role, 0.0) + seconds
     return out
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used, its threads together."""
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
 
 
 def children_cpu() -> float:

@@ -54,7 +54,7 @@ class IndexSettings(Frozen):
         ge=0,
         description="Calls of up to this many queries scan through the half-precision copies, "
         "larger ones in one float32 matrix product; 0 = measured on this CPU once per process "
-        "(0-1 on a 2-core Intel Xeon; the fixed limit before was 6, from AMD EPYC hosts; "
+        "(0-1 on a 2-core Intel Xeon, 6 on a 2-core AMD EPYC, the fixed limit before; "
         "streamrag.index.half_limit).",
     )
     scan_threads: int = Field(
