@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -17,7 +18,12 @@ from streamrag.index.ann import AnnSpec
 from streamrag.index.base import CommitBatch, DocOp
 from streamrag.index.compaction import CompactionSpec
 from streamrag.index.factory import lsm_spec
-from streamrag.index.half_limit import measure_half_limit
+from streamrag.index.half_limit import (
+    QUIET_S,
+    MeasurementCancelled,
+    Quiet,
+    measure_half_limit,
+)
 from streamrag.index.search import (
     DEFAULT_HALF_QUERIES,
     SearchTuning,
@@ -40,7 +46,9 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, copies_win: Callable[[int], bool]
     """Timings the copies win at the sizes ``copies_win`` says; returns the sizes timed."""
     sizes: list[int] = []
 
-    def best_of(copies: partial[Any], float32: partial[Any]) -> tuple[float, float]:
+    def best_of(
+        copies: partial[Any], float32: partial[Any], quiet: Quiet | None
+    ) -> tuple[float, float]:
         m = copies.args[1].shape[0]  # search_segments(views, queries, k, spec, epoch, tuning)
         assert copies.args[5].half_max_queries == m  # through the copies
         assert float32.args[5].half_max_queries == 0  # the same search in float32
@@ -159,8 +167,11 @@ def _through_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_the_maintenance_measures_before_the_first_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[int, int]] = []
 
-    def measured(dim: int, segment_rows: int, tuning: SearchTuning) -> tuple[int, dict[int, float]]:
+    def measured(
+        dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
+    ) -> tuple[int, dict[int, float]]:
         calls.append((dim, segment_rows))
+        assert quiet is None  # maintain() called in the foreground: nothing to wait for
         return 2, {}
 
     monkeypatch.setattr(half_limit, "_measure", measured)
@@ -211,3 +222,143 @@ def test_no_copy_is_made_where_none_would_be_searched_through(
     assert index.last_maintenance_error is None  # declined, not failed
     _, hits = index.search_many(rows[:3], 1, SearchFilter())
     assert [h[0].chunk_id for h in hits] == [0, 1, 2]
+
+
+# -- timed in the gaps between queries and commits ------------------------------
+
+
+class _Script:
+    """A scripted process: ``busy`` answers from a list, ``pause`` advances a clock."""
+
+    def __init__(self, busy: list[bool], closing_after: int | None = None) -> None:
+        self.answers = list(busy)
+        self.now = 0.0
+        self.pauses: list[float] = []
+        self.closing_after = closing_after
+
+    def busy(self) -> bool:
+        return self.answers.pop(0) if self.answers else False
+
+    def pause(self, seconds: float) -> bool:
+        self.pauses.append(seconds)
+        self.now += seconds
+        return self.closing_after is not None and len(self.pauses) >= self.closing_after
+
+    def quiet(self, budget_s: float = 5.0) -> Quiet:
+        return Quiet(self.busy, self.pause, clock=lambda: self.now, budget_s=budget_s)
+
+
+def test_a_timing_waits_for_a_spell_with_no_query_or_commit() -> None:
+    # reset, then: busy, busy, quiet -> three pauses of QUIET_S
+    script = _Script([False, True, True, False])
+    quiet = script.quiet()
+    quiet.wait()
+    assert script.pauses == [QUIET_S] * 3
+    assert quiet.waited_s == pytest.approx(3 * QUIET_S)
+
+
+def test_a_process_never_quiet_is_measured_once_the_budget_is_spent() -> None:
+    script = _Script([True] * 1000)
+    quiet = script.quiet(budget_s=0.1)
+    quiet.wait()  # returns although never quiet
+    assert quiet.waited_s == pytest.approx(0.1)
+    assert sum(script.pauses) == pytest.approx(0.1)  # the last pause is cut to the budget
+    quiet.wait()
+    assert len(script.pauses) == 5  # spent: no more waiting
+    assert not quiet.overlapped()  # and no timing taken again
+
+
+def test_a_closing_index_cancels_the_measurement() -> None:
+    quiet = _Script([True] * 10, closing_after=2).quiet()
+    with pytest.raises(MeasurementCancelled):
+        quiet.wait()
+
+
+def test_a_timing_a_query_overlapped_is_taken_again() -> None:
+    # Each timing: wait (reset + one quiet pause), run, then "overlapped?" asks busy once.
+    # The first copies timing is overlapped, every other one is not.
+    script = _Script([False, False, True] + [False] * 1000)
+    runs = {"copies": 0, "float32": 0}
+
+    def run(which: str) -> Callable[[], None]:
+        def fn() -> None:
+            runs[which] += 1
+
+        return fn
+
+    quiet = script.quiet()
+    half_limit._best_of(run("copies"), run("float32"), quiet)
+    assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
+    assert quiet.retaken == 1
+
+
+def test_retakes_are_bounded() -> None:
+    script = _Script([])
+    script.busy = lambda: True  # type: ignore[method-assign]  # always overlapped
+    quiet = script.quiet(budget_s=1e9)
+    taken = sum(quiet.overlapped() for _ in range(10_000))
+    assert taken == half_limit._RETAKES
+
+
+def _background_index() -> LsmIndex:
+    spec = LsmSpec(
+        seal_rows=250,
+        ann=AnnSpec(min_rows=2**62),
+        compaction=CompactionSpec(fanout=64, seal_rows=250),
+        tuning=SearchTuning(half_min_rows=1, half_min_bytes=0),
+        wal_fsync=False,
+    )
+    return LsmIndex(DIM, spec, background=True)
+
+
+def test_the_maintenance_thread_measures_in_the_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Quiet | None] = []
+    done = threading.Event()
+
+    def measured(
+        dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
+    ) -> tuple[int, dict[int, float]]:
+        seen.append(quiet)
+        done.set()
+        return 2, {}
+
+    monkeypatch.setattr(half_limit, "_measure", measured)
+    index = _background_index()
+    try:
+        rng = np.random.default_rng(5)
+        rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+        _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
+        index.seal_all()
+        assert done.wait(30), "the maintenance thread never measured"
+    finally:
+        index.close()
+    assert len(seen) == 1
+    assert isinstance(seen[0], Quiet)
+
+
+def test_closing_while_the_measurement_waits_leaves_it_to_the_next_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def waits_for_ever(
+        dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
+    ) -> tuple[int, dict[int, float]]:
+        assert quiet is not None
+        closing.set()
+        while True:  # as if queries never stopped: ends when the index closes
+            quiet.wait()
+
+    closing = threading.Event()
+    monkeypatch.setattr(half_limit, "_measure", waits_for_ever)
+    monkeypatch.setattr(half_limit, "WAIT_BUDGET_S", 1e9)
+    index = _background_index()
+    rng = np.random.default_rng(6)
+    rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+    _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
+    index.seal_all()
+    assert closing.wait(30), "the measurement never started"
+    closer = threading.Thread(target=index.close)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "close() waits on a measurement that never ends"
+    assert DIM not in half_limit._measured  # nothing was measured: the next open measures
+    assert index.last_maintenance_error is None

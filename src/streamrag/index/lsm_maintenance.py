@@ -26,7 +26,7 @@ import numpy as np
 from streamrag.index.ann import Ann, BuildCancelled, build_ann, choose_ann, recall_on
 from streamrag.index.compaction import droppable, plan
 from streamrag.index.half import HalfScan
-from streamrag.index.half_limit import measure_half_limit
+from streamrag.index.half_limit import MeasurementCancelled, Quiet, measure_half_limit
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import Rows, Segment
 
@@ -185,11 +185,17 @@ class LsmMaintenance(LsmPersistence):
         """
         try:
             tuning = self._spec.tuning
-            # Measured once per process, before the first copy (:mod:`.half_limit`).
-            measured = tuning.half_max_queries is None
-            if measured and measure_half_limit(self._dim, self._spec.seal_rows, tuning) == 0:
-                return None  # this CPU searches faster without: no copy is made
+            # Measured once per process, before the first copy, in the gaps between
+            # queries and commits (:mod:`.half_limit`).
+            if tuning.half_max_queries is None:
+                # Without the thread the caller does nothing else meanwhile: no gaps to wait for.
+                thread = self._maintenance
+                quiet = Quiet(self._in_use(), thread.pause) if thread.running else None
+                if measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet) == 0:
+                    return None  # this CPU searches faster without: no copy is made
             return HalfScan.build(seg.vectors[: seg.n if rows is None else rows])
+        except MeasurementCancelled:  # closing: the next open measures and copies
+            return None
         except Exception as exc:  # searched over float32, as before
             log.exception("building the half-precision copy of %r failed", seg)
             self.last_maintenance_error = f"{type(exc).__name__}: {exc}"

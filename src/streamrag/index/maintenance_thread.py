@@ -62,6 +62,13 @@ class MaintenanceThread:
             with self._wake:
                 self._wake.notify()
 
+    def pause(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` (less if woken); True once the index is closing."""
+        with self._wake:
+            if not self._closed:
+                self._wake.wait(timeout=seconds)
+            return self._closed
+
     def stop(self) -> bool:
         """Close, and wait for the current step to end; True if it was closed already."""
         with self._wake:
