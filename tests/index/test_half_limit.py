@@ -274,22 +274,30 @@ def test_a_closing_index_cancels_the_measurement() -> None:
         quiet.wait()
 
 
-def test_a_timing_a_query_overlapped_is_taken_again() -> None:
+def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
     # Each timing: wait (reset + one quiet pause), run, then "overlapped?" asks busy once.
-    # The first copies timing is overlapped, every other one is not.
+    # The first timing (through the copies) is overlapped, no other one is.
     script = _Script([False, False, True] + [False] * 1000)
+    now = [0.0]
+    monkeypatch.setattr(half_limit.time, "perf_counter", lambda: now[0])
+    # The copies' runs take 1 s, but 0.5 s in the overlapped first timing: a timing
+    # a query overlapped says nothing, and must not count.
+    copies_took = [0.5] + [1.0] * 100
     runs = {"copies": 0, "float32": 0}
 
-    def run(which: str) -> Callable[[], None]:
-        def fn() -> None:
-            runs[which] += 1
+    def copies() -> None:
+        runs["copies"] += 1
+        now[0] += copies_took.pop(0)
 
-        return fn
+    def float32() -> None:
+        runs["float32"] += 1
+        now[0] += 2.0
 
     quiet = script.quiet()
-    half_limit._best_of(run("copies"), run("float32"), quiet)
-    assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
+    best = half_limit._best_of(copies, float32, quiet)
+    assert best == (1.0, 2.0)  # the overlapped 0.5 s was taken again
     assert quiet.retaken == 1
+    assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
 
 
 def test_retakes_are_bounded() -> None:
