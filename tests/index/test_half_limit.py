@@ -248,9 +248,17 @@ class _Script:
         return Quiet(self.busy, self.pause, clock=lambda: self.now, budget_s=budget_s)
 
 
-def test_a_timing_waits_for_a_spell_with_no_query_or_commit() -> None:
-    # reset, then: busy, busy, quiet -> three pauses of QUIET_S
-    script = _Script([False, True, True, False])
+def test_a_quiet_process_is_timed_at_once() -> None:
+    script = _Script([False, False, False])
+    quiet = script.quiet()
+    for _ in range(3):
+        quiet.wait()
+    assert script.pauses == []
+
+
+def test_after_a_query_or_commit_a_timing_waits_for_a_quiet_spell() -> None:
+    # something came; then: busy, busy, quiet -> three pauses of QUIET_S
+    script = _Script([True, True, True, False])
     quiet = script.quiet()
     quiet.wait()
     assert script.pauses == [QUIET_S] * 3
@@ -275,9 +283,10 @@ def test_a_closing_index_cancels_the_measurement() -> None:
 
 
 def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each timing: wait (reset + one quiet pause), run, then "overlapped?" asks busy once.
-    # The first timing (through the copies) is overlapped, no other one is.
-    script = _Script([False, False, True] + [False] * 1000)
+    # Each timing: wait (asks busy once: nothing came), run, then "overlapped?" asks
+    # busy once. The first timing (through the copies) is overlapped, no other one is;
+    # the timing taken again first waits for a quiet spell (one pause).
+    script = _Script([False, True, True, False] + [False] * 1000)
     now = [0.0]
     monkeypatch.setattr(half_limit.time, "perf_counter", lambda: now[0])
     # The copies' runs take 1 s, but 0.5 s in the overlapped first timing: a timing
@@ -297,6 +306,7 @@ def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPa
     best = half_limit._best_of(copies, float32, quiet)
     assert best == (1.0, 2.0)  # the overlapped 0.5 s was taken again
     assert quiet.retaken == 1
+    assert script.pauses == [QUIET_S]  # after a quiet spell
     assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
 
 
@@ -319,7 +329,10 @@ def _background_index() -> LsmIndex:
     return LsmIndex(DIM, spec, background=True)
 
 
-def test_the_maintenance_thread_measures_in_the_gaps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_maintenance_thread_measures_at_start_in_the_gaps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not when the first copy is due (a bulk load ending, the first queries coming)."""
     seen: list[Quiet | None] = []
     done = threading.Event()
 
@@ -333,15 +346,17 @@ def test_the_maintenance_thread_measures_in_the_gaps(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(half_limit, "_measure", measured)
     index = _background_index()
     try:
+        assert done.wait(30), "the maintenance thread did not measure at start"
+        assert index.health().rows == 0  # nothing committed, no copy due
         rng = np.random.default_rng(5)
         rows = rng.standard_normal((1000, DIM)).astype(np.float32)
         _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
         index.seal_all()
-        assert done.wait(30), "the maintenance thread never measured"
     finally:
         index.close()
-    assert len(seen) == 1
+    assert len(seen) == 1  # once: the copies made later use it
     assert isinstance(seen[0], Quiet)
+    assert half_query_limit(DIM) == 2
 
 
 def test_closing_while_the_measurement_waits_leaves_it_to_the_next_open(

@@ -34,22 +34,21 @@ synthetic rows, their copies and the segments' columns), never on a
 query's path. ``index.half_max_queries`` sets the limit instead.
 
 It times the search between the process's own work, not over it
-(:class:`Quiet`): each timing waits for a spell of :data:`QUIET_S` with no
-query and no commit, and one that a query or commit overlapped is taken
-again. Measured in one burst, it ran just when a bulk load ended and the
-first queries came, and took the cores from them: on the AMD host above
-(2026-12-07), in freshness probes like the peer benchmark's right after
-20,000 documents, the first four probes took 14–41 ms where the rest took
-10–12, and they set the p99 of 100 (py-spy: the maintenance thread spent
-65 % of that second timing these searches). Timed in the gaps, in the peer
-benchmark's own runs (eleven alternated pairs, the same host): freshness
-p99 14.6–41.3 ms (median 20.2) against 17.5–44.3 (28.9), the slowest probe
-16–210 ms (median 26.5) against 23–892 (47.1); the p90 rose from 12.2 to
-14.0 ms, as more probes meet one short timing each. What it times is then
-the search alone: measured under a bulk load, the Intel host above gave 0
-or 1, the sizes where the two ways tie. Waiting is bounded
-(:data:`WAIT_BUDGET_S` in all): a process that is never quiet is measured
-under its load, as before, rather than leaving its other maintenance waiting.
+(:class:`Quiet`): once a query or a commit came, the next timing waits for a
+spell of :data:`QUIET_S` with neither, and a timing that one overlapped is
+taken again; a quiet process is timed back to back. The index's maintenance
+thread measures in its first step, when the process has just started and is
+quiet, not when the first copy is due — the end of a bulk load, when the first
+queries come. Measured then in one burst, on the AMD host above (2026-12-07),
+in freshness probes like the peer benchmark's right after 20,000 documents,
+the first four probes took 14–41 ms where the rest took 10–12, and they set
+the p99 of 100 (py-spy: the maintenance thread spent 65 % of that second
+timing these searches, and the checkpoint of the segments sealed during the
+load waited for it). What it times is then the search alone: measured under
+a bulk load, the Intel host above gave 0 or 1, the sizes where the two ways
+tie. Waiting is bounded (:data:`WAIT_BUDGET_S` in all): a process that is
+never quiet is measured under its load rather than leaving its other
+maintenance waiting.
 """
 
 from __future__ import annotations
@@ -141,11 +140,15 @@ class Quiet:
         """Timings taken again because a query or commit overlapped them."""
 
     def wait(self) -> None:
-        """Return after a spell of :data:`QUIET_S` with nothing coming, or once the budget is spent.
+        """Return at once if nothing came since the last ask, else after a quiet spell.
 
-        Raises :class:`MeasurementCancelled` when the index closes meanwhile.
+        A quiet spell is :data:`QUIET_S` with no query and no commit; waiting
+        ends early once the budget is spent. So a quiet process is timed back
+        to back, as in one burst, and a busy one between its queries. Raises
+        :class:`MeasurementCancelled` when the index closes meanwhile.
         """
-        self._busy()  # from now on
+        if not self._busy():
+            return
         while self.waited_s < self._budget:
             started = self._clock()
             closing = self._pause(min(QUIET_S, self._budget - self.waited_s))

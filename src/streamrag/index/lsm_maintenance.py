@@ -46,9 +46,15 @@ class LsmMaintenance(LsmPersistence):
             self._republish()
 
     def maintain(self) -> bool:
-        """Build missing ANN structures, compact, checkpoint when due; True if it did work."""
+        """Build missing ANN structures, compact, checkpoint when due; True if it did work.
+
+        On the maintenance thread, the first step measures the half-precision
+        limit if it is to be measured (:meth:`_half_limit`).
+        """
         did = False
         with self._maint:
+            if self._maintenance.running and self._half_limit() is None:
+                return False  # closing
             while self._build_one_ann():
                 did = True
             while self._build_one_half():
@@ -184,21 +190,34 @@ class LsmMaintenance(LsmPersistence):
         search faster (:mod:`.half_limit`): they would cost memory for nothing.
         """
         try:
-            tuning = self._spec.tuning
-            # Measured once per process, before the first copy, in the gaps between
-            # queries and commits (:mod:`.half_limit`).
-            if tuning.half_max_queries is None:
-                # Without the thread the caller does nothing else meanwhile: no gaps to wait for.
-                thread = self._maintenance
-                quiet = Quiet(self._in_use(), thread.pause) if thread.running else None
-                if measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet) == 0:
-                    return None  # this CPU searches faster without: no copy is made
+            if self._half_limit() in (0, None):
+                return None  # this CPU searches faster without (or closing): no copy
             return HalfScan.build(seg.vectors[: seg.n if rows is None else rows])
-        except MeasurementCancelled:  # closing: the next open measures and copies
-            return None
         except Exception as exc:  # searched over float32, as before
             log.exception("building the half-precision copy of %r failed", seg)
             self.last_maintenance_error = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _half_limit(self) -> int | None:
+        """The queries a call worth the half-precision copies; None if closing meanwhile.
+
+        ``index.half_max_queries``, or measured once per process
+        (:mod:`.half_limit`). The maintenance thread measures it in its first
+        step, when the process has just started and is quiet — not when the
+        first copy is due, which is when a bulk load ends and the first
+        queries come —, timing in the gaps between queries and commits.
+        Without the thread (:meth:`maintain` called in the foreground) it is
+        measured before the first copy, at once: the caller does nothing else
+        meanwhile.
+        """
+        tuning = self._spec.tuning
+        if tuning.half_max_queries is not None:
+            return tuning.half_max_queries
+        thread = self._maintenance
+        quiet = Quiet(self._in_use(), thread.pause) if thread.running else None
+        try:
+            return measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet)
+        except MeasurementCancelled:  # closing: the next open measures
             return None
 
     def _attach_ann(self, seg: Segment, ann: Ann) -> None:
