@@ -53,9 +53,9 @@ class IndexSettings(Frozen):
         0,
         ge=0,
         description="Calls of up to this many queries scan through the half-precision copies, "
-        "larger ones in one float32 matrix product; 0 = measured on this CPU once per process "
-        "(0-1 on a 2-core Intel Xeon, 6 on a 2-core AMD EPYC, the fixed limit before; "
-        "streamrag.index.half_limit).",
+        "larger ones in one float32 matrix product; 0 = measured on this CPU once per process, "
+        "as it starts (0-1 on a 2-core Intel Xeon measured under a bulk load, 6-8 on a 2-core "
+        "AMD EPYC; 6 was the fixed limit before; streamrag.index.half_limit).",
     )
     scan_threads: int = Field(
         0,

@@ -28,10 +28,11 @@ MiB), both ways for each batch size, best of several alternated tries, and
 takes the largest size up to which the copies were faster at every size.
 Where none was, no copy is made at all (they would cost half as much memory
 again for nothing). It runs once per process and width, in the index's
-maintenance thread before the first copy is made (0.2–0.7 s of one core
-here; the process's peak memory grows by up to ~70 MB for the while: the
-synthetic rows, their copies and the segments' columns), never on a
-query's path. ``index.half_max_queries`` sets the limit instead.
+maintenance thread (0.2–0.7 s of one core here; the process's peak memory
+grows by up to ~70 MB for the while: the synthetic rows, their copies and
+the segments' columns), never on a query's path, so a process pays it even
+if its index never grows to a copy. ``index.half_max_queries`` sets the
+limit instead.
 
 It times the search between the process's own work, not over it
 (:class:`Quiet`): once a query or a commit came, the next timing waits for a
@@ -44,11 +45,13 @@ in freshness probes like the peer benchmark's right after 20,000 documents,
 the first four probes took 14–41 ms where the rest took 10–12, and they set
 the p99 of 100 (py-spy: the maintenance thread spent 65 % of that second
 timing these searches, and the checkpoint of the segments sealed during the
-load waited for it). What it times is then the search alone: measured under
-a bulk load, the Intel host above gave 0 or 1, the sizes where the two ways
-tie. Waiting is bounded (:data:`WAIT_BUDGET_S` in all): a process that is
-never quiet is measured under its load rather than leaving its other
-maintenance waiting.
+load waited for it). Measured at start, in the peer benchmark's own runs
+(eight alternated rounds, the same host): freshness p99 median 16.4 ms
+against 21.9 (``benchmarks/results/freshness-half-limit/``). What it times
+is then the search alone: measured under a bulk load, the Intel host above
+gave 0 or 1, the sizes where the two ways tie. Waiting is bounded
+(:data:`WAIT_BUDGET_S` in all): a process that is never quiet is measured
+under its load rather than leaving its other maintenance waiting.
 """
 
 from __future__ import annotations
