@@ -8,8 +8,10 @@ recent real queries (widening or dropping one that misses the target), merges
 segments its policy picks with their neighbours in event time
 (:mod:`.compaction`), and checkpoints when one is due. It takes the writer lock
 only to publish its result, and runs at a lower CPU priority than the process.
-Without the thread, :meth:`LsmMaintenance.maintain` does one round of it all
-(tests call it, deterministically). The thread itself is a
+The thread's first step, as the process starts and is quiet, measures how
+many queries a call the half-precision copies are worth on this CPU
+(:mod:`.half_limit`). Without the thread, :meth:`LsmMaintenance.maintain` does
+one round of it all (tests call it, deterministically). The thread itself is a
 :class:`~.maintenance_thread.MaintenanceThread`.
 
 A compaction that a rollback overtook is void: the rollback bumps the
