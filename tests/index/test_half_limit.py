@@ -134,15 +134,19 @@ def _commit(index: LsmIndex, rows: np.ndarray) -> None:
     )
 
 
-def _index_with_copies(tuning: SearchTuning) -> LsmIndex:
-    spec = LsmSpec(
+def _spec(tuning: SearchTuning | None = None) -> LsmSpec:
+    """Small segments (250 rows), no ANN, a half-precision copy for any of them."""
+    return LsmSpec(
         seal_rows=250,
         ann=AnnSpec(min_rows=2**62),
         compaction=CompactionSpec(fanout=64, seal_rows=250),
-        tuning=replace(tuning, half_min_rows=1, half_min_bytes=0),
+        tuning=replace(tuning or SearchTuning(), half_min_rows=1, half_min_bytes=0),
         wal_fsync=False,
     )
-    index = LsmIndex(DIM, spec, background=False)
+
+
+def _index_with_copies(tuning: SearchTuning) -> LsmIndex:
+    index = LsmIndex(DIM, _spec(tuning), background=False)
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((1000, DIM)).astype(np.float32)
     _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
@@ -205,14 +209,7 @@ def test_no_copy_is_made_where_none_would_be_searched_through(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(half_limit, "_measure", lambda *a: (0, {}))
-    spec = LsmSpec(
-        seal_rows=250,
-        ann=AnnSpec(min_rows=2**62),
-        compaction=CompactionSpec(fanout=64, seal_rows=250),
-        tuning=SearchTuning(half_min_rows=1, half_min_bytes=0),
-        wal_fsync=False,
-    )
-    index = LsmIndex(DIM, spec, background=False)
+    index = LsmIndex(DIM, _spec(), background=False)
     rng = np.random.default_rng(4)
     rows = rng.standard_normal((1000, DIM)).astype(np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
@@ -245,8 +242,11 @@ class _Script:
         self.now += seconds
         return self.closing_after is not None and len(self.pauses) >= self.closing_after
 
+    def closing(self) -> bool:
+        return self.closing_after is not None and len(self.pauses) >= self.closing_after
+
     def quiet(self, budget_s: float = 5.0) -> Quiet:
-        return Quiet(self.busy, self.pause, clock=lambda: self.now, budget_s=budget_s)
+        return Quiet(self.busy, self.pause, self.closing, clock=lambda: self.now, budget_s=budget_s)
 
 
 def test_a_quiet_process_is_timed_at_once() -> None:
@@ -280,7 +280,14 @@ def test_a_process_never_quiet_is_measured_once_the_budget_is_spent() -> None:
 def test_a_closing_index_cancels_the_measurement() -> None:
     quiet = _Script([True] * 10, closing_after=2).quiet()
     with pytest.raises(MeasurementCancelled):
-        quiet.wait()
+        quiet.wait()  # while it waits for a quiet spell
+
+
+def test_a_closing_index_cancels_a_quiet_measurement_at_its_next_timing() -> None:
+    script = _Script([], closing_after=0)  # closing from the start; nothing ever comes
+    with pytest.raises(MeasurementCancelled):
+        script.quiet().wait()
+    assert script.pauses == []  # without waiting for anything
 
 
 def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -321,14 +328,7 @@ def test_retakes_are_bounded() -> None:
 
 
 def _background_index() -> LsmIndex:
-    spec = LsmSpec(
-        seal_rows=250,
-        ann=AnnSpec(min_rows=2**62),
-        compaction=CompactionSpec(fanout=64, seal_rows=250),
-        tuning=SearchTuning(half_min_rows=1, half_min_bytes=0),
-        wal_fsync=False,
-    )
-    return LsmIndex(DIM, spec, background=True)
+    return LsmIndex(DIM, _spec(), background=True)
 
 
 def test_the_maintenance_thread_measures_at_start_in_the_gaps(
@@ -369,12 +369,11 @@ def test_closing_while_the_measurement_waits_leaves_it_to_the_next_open(
     ) -> tuple[int, dict[int, float]]:
         assert quiet is not None
         closing.set()
-        while True:  # as if queries never stopped: ends when the index closes
+        while True:  # timing after timing, never done: ends when the index closes
             quiet.wait()
 
     closing = threading.Event()
     monkeypatch.setattr(half_limit, "_measure", waits_for_ever)
-    monkeypatch.setattr(half_limit, "WAIT_BUDGET_S", 1e9)
     index = _background_index()
     rng = np.random.default_rng(6)
     rows = rng.standard_normal((1000, DIM)).astype(np.float32)

@@ -76,7 +76,14 @@ from streamrag.index.search import (
 )
 from streamrag.index.segment import NEVER, ReadSpec, Rows, Segment
 
-__all__ = ["QUIET_S", "WAIT_BUDGET_S", "MeasurementCancelled", "Quiet", "measure_half_limit"]
+__all__ = [
+    "QUIET_S",
+    "WAIT_BUDGET_S",
+    "MeasurementCancelled",
+    "Quiet",
+    "measure_half_limit",
+    "measured_half_limit",
+]
 
 log = logging.getLogger("streamrag.index")
 
@@ -123,19 +130,21 @@ class Quiet:
     ``busy()`` says whether a query or a commit came since it was last asked
     (:meth:`~.lsm_maintenance.LsmMaintenance._in_use`); ``pause(seconds)``
     sleeps that long, or less, and says whether the index is closing;
-    ``clock`` is monotonic seconds. All three are injected (tests script them).
+    ``closing()`` says so without sleeping; ``clock`` is monotonic seconds.
+    All are injected (tests script them).
     """
 
-    __slots__ = ("_budget", "_busy", "_clock", "_pause", "retaken", "waited_s")
+    __slots__ = ("_budget", "_busy", "_clock", "_closing", "_pause", "retaken", "waited_s")
 
     def __init__(
         self,
         busy: Callable[[], bool],
         pause: Callable[[float], bool],
+        closing: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         budget_s: float = WAIT_BUDGET_S,
     ) -> None:
-        self._busy, self._pause, self._clock = busy, pause, clock
+        self._busy, self._pause, self._closing, self._clock = busy, pause, closing, clock
         self._budget = budget_s
         self.waited_s = 0.0
         """Seconds spent waiting for quiet spells so far."""
@@ -148,8 +157,10 @@ class Quiet:
         A quiet spell is :data:`QUIET_S` with no query and no commit; waiting
         ends early once the budget is spent. So a quiet process is timed back
         to back, as in one burst, and a busy one between its queries. Raises
-        :class:`MeasurementCancelled` when the index closes meanwhile.
+        :class:`MeasurementCancelled` once the index is closing.
         """
+        if self._closing():
+            raise MeasurementCancelled
         if not self._busy():
             return
         while self.waited_s < self._budget:
@@ -167,6 +178,11 @@ class Quiet:
             return False
         self.retaken += 1
         return True
+
+
+def measured_half_limit(dim: int) -> int | None:
+    """The limit measured for ``dim``-wide rows in this process; None before it is."""
+    return half_query_limit(dim) if dim in _measured else None
 
 
 def measure_half_limit(

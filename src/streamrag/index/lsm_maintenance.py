@@ -28,7 +28,12 @@ import numpy as np
 from streamrag.index.ann import Ann, BuildCancelled, build_ann, choose_ann, recall_on
 from streamrag.index.compaction import droppable, plan
 from streamrag.index.half import HalfScan
-from streamrag.index.half_limit import MeasurementCancelled, Quiet, measure_half_limit
+from streamrag.index.half_limit import (
+    MeasurementCancelled,
+    Quiet,
+    measure_half_limit,
+    measured_half_limit,
+)
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.segment import Rows, Segment
 
@@ -215,8 +220,11 @@ class LsmMaintenance(LsmPersistence):
         tuning = self._spec.tuning
         if tuning.half_max_queries is not None:
             return tuning.half_max_queries
+        measured = measured_half_limit(self._dim)  # every step asks: no lock, no objects
+        if measured is not None:
+            return measured
         thread = self._maintenance
-        quiet = Quiet(self._in_use(), thread.pause) if thread.running else None
+        quiet = Quiet(self._in_use(), thread.pause, self._closing) if thread.running else None
         try:
             return measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet)
         except MeasurementCancelled:  # closing: the next open measures
