@@ -237,10 +237,9 @@ class _Script:
     def busy(self) -> bool:
         return self.answers.pop(0) if self.answers else False
 
-    def pause(self, seconds: float) -> bool:
+    def pause(self, seconds: float) -> None:
         self.pauses.append(seconds)
         self.now += seconds
-        return self.closing_after is not None and len(self.pauses) >= self.closing_after
 
     def closing(self) -> bool:
         return self.closing_after is not None and len(self.pauses) >= self.closing_after
@@ -386,3 +385,57 @@ def test_closing_while_the_measurement_waits_leaves_it_to_the_next_open(
     assert not closer.is_alive(), "close() waits on a measurement that never ends"
     assert DIM not in half_limit._measured  # nothing was measured: the next open measures
     assert index.last_maintenance_error is None
+
+
+def test_a_measurement_under_queries_that_never_stop_waits_its_budget_then_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Real queries on another thread all along, a real measurement: bounded, and correct."""
+    monkeypatch.setattr(half_limit, "WAIT_BUDGET_S", 0.3)
+    real = half_limit._measure
+    seen: list[Quiet] = []
+    querying, done = threading.Event(), threading.Event()
+
+    def after_queries_start(
+        dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
+    ) -> tuple[int, dict[int, float]]:
+        assert quiet is not None
+        assert querying.wait(30)
+        seen.append(quiet)
+        try:
+            return real(dim, segment_rows, tuning, quiet)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(half_limit, "_measure", after_queries_start)
+    index = _background_index()
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    _commit(index, rows)
+    stop = threading.Event()
+    answers, wrong = [0], [0]
+
+    def query() -> None:
+        i = 0
+        while not stop.is_set():
+            batch = rows[i % 1000 : i % 1000 + 1 + i % 4]  # one to four queries a call
+            _, hits = index.search_many(batch, 1, SearchFilter())
+            expected = list(range(i % 1000, i % 1000 + len(batch)))
+            wrong[0] += [h[0].chunk_id for h in hits] != expected
+            answers[0] += 1
+            querying.set()
+            i += 1
+
+    t = threading.Thread(target=query)
+    t.start()
+    try:
+        assert done.wait(60), "the measurement did not end under load"
+    finally:
+        stop.set()
+        t.join()
+        index.close()
+    assert seen[0].waited_s >= 0.29  # no quiet spell ever came: it waited its budget
+    assert half_limit.measured_half_limit(DIM) is not None  # then timed, and done
+    assert answers[0] > 0
+    assert wrong[0] == 0  # every query answered exactly while it measured

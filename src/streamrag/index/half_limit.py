@@ -129,9 +129,10 @@ class Quiet:
 
     ``busy()`` says whether a query or a commit came since it was last asked
     (:meth:`~.lsm_maintenance.LsmMaintenance._in_use`); ``pause(seconds)``
-    sleeps that long, or less, and says whether the index is closing;
-    ``closing()`` says so without sleeping; ``clock`` is monotonic seconds.
-    All are injected (tests script them).
+    sleeps that long, or less (woken by a commit, or by closing);
+    ``closing()`` says whether the index is closing; ``clock`` is monotonic
+    seconds; ``budget_s`` defaults to :data:`WAIT_BUDGET_S`. All are
+    injected (tests script them).
     """
 
     __slots__ = ("_budget", "_busy", "_clock", "_closing", "_pause", "retaken", "waited_s")
@@ -139,13 +140,13 @@ class Quiet:
     def __init__(
         self,
         busy: Callable[[], bool],
-        pause: Callable[[float], bool],
+        pause: Callable[[float], object],
         closing: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
-        budget_s: float = WAIT_BUDGET_S,
+        budget_s: float | None = None,
     ) -> None:
         self._busy, self._pause, self._closing, self._clock = busy, pause, closing, clock
-        self._budget = budget_s
+        self._budget = WAIT_BUDGET_S if budget_s is None else budget_s
         self.waited_s = 0.0
         """Seconds spent waiting for quiet spells so far."""
         self.retaken = 0
@@ -165,9 +166,9 @@ class Quiet:
             return
         while self.waited_s < self._budget:
             started = self._clock()
-            closing = self._pause(min(QUIET_S, self._budget - self.waited_s))
+            self._pause(min(QUIET_S, self._budget - self.waited_s))
             self.waited_s += self._clock() - started
-            if closing:
+            if self._closing():
                 raise MeasurementCancelled
             if not self._busy():
                 return

@@ -56,12 +56,14 @@ class LsmMaintenance(LsmPersistence):
         """Build missing ANN structures, compact, checkpoint when due; True if it did work.
 
         On the maintenance thread, the first step measures the half-precision
-        limit if it is to be measured (:meth:`_half_limit`).
+        limit if it is to be measured (:meth:`_half_limit`), outside the
+        maintenance lock: it reads no index state, and a rollback or checkpoint
+        asked for meanwhile need not wait for it.
         """
+        if self._maintenance.running and self._half_limit() is None:
+            return False  # closing
         did = False
         with self._maint:
-            if self._maintenance.running and self._half_limit() is None:
-                return False  # closing
             while self._build_one_ann():
                 did = True
             while self._build_one_half():

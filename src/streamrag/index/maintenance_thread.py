@@ -62,12 +62,11 @@ class MaintenanceThread:
             with self._wake:
                 self._wake.notify()
 
-    def pause(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` (less if woken); True once the index is closing."""
+    def pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less if a commit wakes the thread or it is stopped."""
         with self._wake:
             if not self._closed:
                 self._wake.wait(timeout=seconds)
-            return self._closed
 
     def stop(self) -> bool:
         """Close, and wait for the current step to end; True if it was closed already."""
