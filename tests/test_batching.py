@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey
+from streamrag.batching import AdaptiveController, MicroBatcher, PartitionKey, PendingBatch
 from streamrag.changes import Change, ChangeBatch, Op
 from streamrag.testing import ManualClock
 
@@ -132,6 +132,29 @@ def test_put_back_keeps_order_arrival_and_sizes() -> None:
     assert again.changes.doc_ids == ["d0", "d1"]
     assert again.tokens == 11
     assert again.first_arrival_us == 0
+
+
+def test_the_deadline_counts_from_the_arrival_and_the_read_is_kept_apart() -> None:
+    """A change found after an idle poll is due from that poll; it was read later."""
+    clock = ManualClock(100_000)
+    b = MicroBatcher(
+        max_batch_size=10, max_delay_ms=20, clock=clock, partition=PartitionKey(("domain",))
+    )
+    b.add(_batch(1, domain="x"), arrived_us=85_000, read_us=99_000)
+    b.add(_batch(1, 1, domain="y"), read_us=100_000)  # arrived when read
+    clock.advance_ms(5)  # 105 ms: 20 ms after the first one's arrival
+    first = b.take()
+    assert first.reason == "deadline"
+    assert (first.first_arrival_us, first.read_us) == (85_000, 99_000)
+    b.put_back(first)  # a failed commit keeps both
+    again = b.take(max_chunks=1)
+    assert (again.first_arrival_us, again.read_us) == (85_000, 99_000)
+    rest = b.take()
+    assert (rest.first_arrival_us, rest.read_us) == (100_000, 100_000)
+    merged = PendingBatch.merge([again, rest])
+    assert (merged.first_arrival_us, merged.read_us) == (85_000, 99_000)
+    b.put_back(merged)  # pieces of a merged batch keep their own times
+    assert (b.take().read_us, b.take().read_us) == (99_000, 100_000)
 
 
 def test_zero_delay_flushes_at_once() -> None:

@@ -332,7 +332,23 @@ def test_the_deadline_counts_from_the_last_empty_poll(
     clock.advance_ms(1)  # t=20 ms after the last empty poll
     assert p.step()
     assert sink.epochs == [1]
-    assert p.stats.last_freshness_us == 20_000
+    assert p.stats.last_freshness_us == 18_000  # freshness counts from the read, at t=2 ms
+
+
+def test_freshness_does_not_count_the_idle_time_before_a_change(
+    pipeline_factory: PipelineFactory, clock: ManualClock
+) -> None:
+    """A job that slept until a source woke it reports the time from the read to the commit."""
+    src = ScriptedSource()
+    p = pipeline_factory(src, max_batch_size=1, max_delay_ms=20)
+    assert not p.step()  # nothing there at t=0; the job sleeps until woken
+    clock.advance_ms(250)
+    src.push(change_line("a", T0, "written after a quiet spell"))
+    assert p.step()  # read at t=250 ms and committed at once (the batch is full)
+    assert p.index.epoch == 1
+    assert p.stats.last_freshness_us == 0
+    observed = p.metrics.registry.get_sample_value("streamrag_commit_freshness_seconds_sum")
+    assert observed == 0.0  # not the 250 ms the job slept
 
 
 class BlockingEmbedder(FakeEmbedder):

@@ -66,7 +66,10 @@ __all__ = ["MicroBatcher", "PendingBatch"]
 class PendingBatch:
     """Changes taken from the batcher, with what was prepared for each of them.
 
-    ``first_arrival_us`` is the processing time the oldest of them arrived;
+    ``first_arrival_us`` is the processing time the oldest of them arrived —
+    for changes found after a poll that found nothing, that poll's time, so a
+    deadline bounds the time from the write; ``first_read_us`` is when the
+    oldest of them was read (the freshness a commit reports; None: the same).
     ``reason`` says which limit cut the batch (size, deadline, watermark, forced).
     """
 
@@ -76,11 +79,17 @@ class PendingBatch:
     chunks: int = 0
     tokens: int = 0
     reason: str = "forced"
-    segments: tuple[tuple[Hashable, int, Timestamp], ...] = ()
-    """(partition, rows, arrival) of each queued piece, in order: for :meth:`put_back`."""
+    segments: tuple[tuple[Hashable, int, Timestamp, Timestamp], ...] = ()
+    """(partition, rows, arrival, read) of each queued piece, in order: for :meth:`put_back`."""
     row_chunks: npt.NDArray[np.int64] | None = None
     row_tokens: npt.NDArray[np.int64] | None = None
     row_bytes: npt.NDArray[np.int64] | None = None
+    first_read_us: Timestamp | None = None
+
+    @property
+    def read_us(self) -> Timestamp:
+        """When the oldest change was read (its arrival where that was not kept apart)."""
+        return self.first_arrival_us if self.first_read_us is None else self.first_read_us
 
     @classmethod
     def merge(cls, batches: Sequence[PendingBatch]) -> PendingBatch:
@@ -105,15 +114,16 @@ class PendingBatch:
             sum(b.chunks for b in batches),
             sum(b.tokens for b in batches),
             batches[0].reason,
-            tuple(
-                s
-                for b in batches
-                for s in (b.segments or (((), len(b.changes), b.first_arrival_us),))
-            ),
+            tuple(s for b in batches for s in (b.segments or b.whole())),
             rows("row_chunks"),
             rows("row_tokens"),
             rows("row_bytes"),
+            min(b.read_us for b in batches),
         )
+
+    def whole(self) -> tuple[tuple[Hashable, int, Timestamp, Timestamp], ...]:
+        """The batch as one piece of :attr:`segments` (when it was not taken in pieces)."""
+        return (((), len(self.changes), self.first_arrival_us, self.read_us),)
 
 
 @dataclass(slots=True)
@@ -124,6 +134,7 @@ class _Segment:
     tokens: npt.NDArray[np.int64]
     arrived_us: Timestamp
     sizes: npt.NDArray[np.int64]
+    read_us: Timestamp
 
     def split(self, n: int) -> tuple[_Segment, _Segment]:
         head = _Segment(
@@ -133,6 +144,7 @@ class _Segment:
             self.tokens[:n],
             self.arrived_us,
             self.sizes[:n],
+            self.read_us,
         )
         tail = _Segment(
             self.changes.slice(n, len(self.changes)),
@@ -141,6 +153,7 @@ class _Segment:
             self.tokens[n:],
             self.arrived_us,
             self.sizes[n:],
+            self.read_us,
         )
         return head, tail
 
@@ -259,8 +272,9 @@ class MicroBatcher:
         chunks: Sequence[int] | npt.NDArray[np.int64] | None = None,
         tokens: Sequence[int] | npt.NDArray[np.int64] | None = None,
         sizes: Sequence[int] | npt.NDArray[np.int64] | None = None,
+        read_us: Timestamp | None = None,
     ) -> None:
-        """Queue changes that arrived at ``arrived_us`` (default: now).
+        """Queue changes that arrived at ``arrived_us`` and were read at ``read_us`` (default: now).
 
         ``prepared`` is carried along, one item per change (the pipeline passes
         each change's chunks); ``chunks``, ``tokens`` and ``sizes`` (bytes) are
@@ -270,7 +284,8 @@ class MicroBatcher:
         if n == 0:
             return
         now = self._clock.now_us()
-        arrived = now if arrived_us is None else min(arrived_us, now)
+        read = now if read_us is None else min(read_us, now)
+        arrived = read if arrived_us is None else min(arrived_us, read)
         prep = list(prepared) if prepared is not None else [None] * n
         weights = np.maximum(np.asarray(chunks if chunks is not None else [1] * n), 1)
         toks = np.asarray(tokens if tokens is not None else [0] * n, dtype=np.int64)
@@ -286,7 +301,9 @@ class MicroBatcher:
         with self._lock:
             for key, rows in groups.items():
                 if len(rows) == n:
-                    seg = _Segment(changes, prep, weights.astype(np.int64), toks, arrived, nbytes)
+                    seg = _Segment(
+                        changes, prep, weights.astype(np.int64), toks, arrived, nbytes, read
+                    )
                 else:
                     seg = _Segment(
                         changes.take(rows),
@@ -295,6 +312,7 @@ class MicroBatcher:
                         toks[rows],
                         arrived,
                         nbytes[rows],
+                        read,
                     )
                 q = self._queues.get(key)
                 if q is None:
@@ -382,7 +400,7 @@ class MicroBatcher:
     ) -> PendingBatch:
         token_cap = self.max_batch_tokens
         taken: list[_Segment] = []
-        meta: list[tuple[Hashable, int, Timestamp]] = []
+        meta: list[tuple[Hashable, int, Timestamp, Timestamp]] = []
         chunks = tokens = 0
         for key in keys:
             q = self._queues[key]
@@ -412,7 +430,7 @@ class MicroBatcher:
                 chunks += c
                 tokens += t
                 taken.append(seg)
-                meta.append((key, len(seg.changes), seg.arrived_us))
+                meta.append((key, len(seg.changes), seg.arrived_us, seg.read_us))
             if not q.segments:
                 del self._queues[key]
             if chunks >= size_cap:
@@ -430,6 +448,7 @@ class MicroBatcher:
             np.concatenate([s.weights for s in taken]) if taken else None,
             np.concatenate([s.tokens for s in taken]) if taken else None,
             np.concatenate([s.sizes for s in taken]) if taken else None,
+            min((s.read_us for s in taken), default=now),
         )
 
     def put_back(self, pending: PendingBatch) -> None:
@@ -439,10 +458,9 @@ class MicroBatcher:
         with self._lock:
             start = 0
             pieces = []
-            whole = (((), len(pending.changes), pending.first_arrival_us),)
-            for key, n, arrived in pending.segments or whole:
+            for key, n, arrived, read in pending.segments or pending.whole():
                 stop = start + n
-                pieces.append((key, start, stop, arrived))
+                pieces.append((key, start, stop, arrived, read))
                 start = stop
             n = len(pending.changes)
             all_weights = (
@@ -456,11 +474,11 @@ class MicroBatcher:
             all_sizes = (
                 pending.row_bytes if pending.row_bytes is not None else np.zeros(n, dtype=np.int64)
             )
-            for key, lo, hi, arrived in reversed(pieces):
+            for key, lo, hi, arrived, read in reversed(pieces):
                 prep = pending.prepared[lo:hi] or [None] * (hi - lo)
                 changes = pending.changes.slice(lo, hi)
                 weights, toks = all_weights[lo:hi], all_tokens[lo:hi]
-                seg = _Segment(changes, prep, weights, toks, arrived, all_sizes[lo:hi])
+                seg = _Segment(changes, prep, weights, toks, arrived, all_sizes[lo:hi], read)
                 q = self._queues.get(key)
                 if q is None:
                     q = self._queues[key] = _Queue()

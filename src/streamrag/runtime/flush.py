@@ -145,9 +145,11 @@ class Flusher:
         p.keeper.committed(done.cursor)
         p.embedding.discard_ahead(pending)
         now = self._last_commit_at = p.clock.now_us()
-        arrived = pending.first_arrival_us if len(pending.changes) else None
-        p.ledger.committed(done.delta, now, arrived)  # applied or refused
-        fresh_s = None if arrived is None else (now - arrived) / US_PER_S
+        # Freshness counts from the read, not from the idle poll the deadline counts
+        # from: a job that slept until a source woke it did not wait on the change.
+        read = pending.read_us if len(pending.changes) else None
+        p.ledger.committed(done.delta, now, read)  # applied or refused
+        fresh_s = None if read is None else (now - read) / US_PER_S
         observe(p.metrics, done, p.index, pending=p.batcher.pending, freshness_s=fresh_s)
         for hook in p.on_commit:  # after the commit: a failing hook cannot undo it
             hook(done.batch, done.result)

@@ -131,7 +131,7 @@ class Intake:
         read = sum(len(r) for r in raws)
         marks = [(r.source, r.watermark) for r in raws if r.watermark is not None]
         if self.keeper.rewind.active:
-            raws = self._sift(raws, idle_since)
+            raws = self._sift(raws, idle_since, now)
         n = sum(len(r) for r in raws)  # read for the first time
         self.ledger.read(n)
         self.metrics.ingested.inc(n)
@@ -142,7 +142,7 @@ class Intake:
         if len(redacted.out):
             windows = self.windows(redacted.out)
             self._route_windows(windows.out, windows.letters)
-            chunks = self._queue(redacted.out, idle_since)
+            chunks = self._queue(redacted.out, idle_since, now)
             if chunks:  # bytes per chunk, to size the next read to the room left
                 per = sum(len(line) for r in raws for line in r.lines) / chunks
                 old = self._bytes_per_chunk
@@ -164,7 +164,9 @@ class Intake:
             budget = min(budget, int(room * self._bytes_per_chunk))
         return max(min(_MIN_READ, self.max_read_bytes), budget)
 
-    def _sift(self, raws: list[RawBatch], arrived_us: Timestamp | None) -> list[RawBatch]:
+    def _sift(
+        self, raws: list[RawBatch], arrived_us: Timestamp | None, read_us: Timestamp
+    ) -> list[RawBatch]:
         """After a restart: waiting records go to the batcher again; returns the fresh ones."""
         with self.ledger.moving() as stats:  # from waiting-to-be-read to being read
             sifted = self.keeper.rewind.sift(raws)
@@ -182,11 +184,16 @@ class Intake:
             self._refuse(redacted.letters)
             self.ledger.add(replayed=len(redacted.out))
             if len(redacted.out):  # the windows and counts already hold these
-                self._queue(redacted.out, arrived_us)
+                self._queue(redacted.out, arrived_us, read_us)
         return sifted.fresh
 
-    def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None) -> int:
-        """Chunk the changes and queue them in the batcher; returns the chunks queued."""
+    def _queue(self, changes: ChangeBatch, arrived_us: Timestamp | None, read_us: Timestamp) -> int:
+        """Chunk the changes and queue them in the batcher; returns the chunks queued.
+
+        ``arrived_us`` starts their deadline (the last poll that found nothing, when
+        the one before this found nothing); ``read_us`` is the poll that read them,
+        where their freshness counts from.
+        """
         chunked = self.chunk(changes)
         self._refuse(chunked.letters)
         done = chunked.out
@@ -195,6 +202,7 @@ class Intake:
                 self.batcher.add(
                     done.changes,
                     arrived_us=arrived_us,
+                    read_us=read_us,
                     prepared=done.prepared,
                     chunks=done.chunk_counts,
                     tokens=[p.tokens if p else 0 for p in done.prepared],
