@@ -43,13 +43,14 @@ def window_count(
     keys, times = _events(n_events, n_keys, seed=3)
     size, slide = size_s * US, slide_s * US
     bound = 500_000
+    key_list = keys.tolist()  # Python strings, as the pipeline hands the operator its keys
 
     def ours() -> dict[tuple[str, int], int]:
         op = WindowedAggregation(Sliding(size, slide), Count())
         finals: dict[tuple[str, int], int] = {}
         max_seen = -(2**63)
         for lo in range(0, n_events, batch):
-            k, t = keys[lo : lo + batch], times[lo : lo + batch]
+            k, t = key_list[lo : lo + batch], times[lo : lo + batch]
             fired, late = op.process(k, t)
             assert not late
             max_seen = max(max_seen, int(t.max()))

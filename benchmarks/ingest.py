@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import tempfile
 import time
@@ -109,6 +110,18 @@ def time_embedder(name: str, dim: int, texts: list[str], batch: int) -> float:
     return time.perf_counter() - started
 
 
+def _proc_cpu_s(pid: int | None) -> float:
+    """User plus system CPU seconds of process ``pid`` so far (0 when it is gone or None)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()  # utime and stime: fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def time_pipeline(
     name: str,
     dim: int,
@@ -117,8 +130,16 @@ def time_pipeline(
     state: Path,
     index_kind: str = "lsm",
     extra: dict[str, Any] | None = None,
+    cpu: dict[str, float] | None = None,
 ) -> tuple[float, Service]:
-    """Seconds for a fresh Service to replay ``jsonl``, and the service."""
+    """Seconds for a fresh Service to replay ``jsonl``, and the service.
+
+    ``cpu``, when given, is filled with the CPU seconds each role used during the
+    replay: the pipeline's own thread (this one: reading and committing), the
+    index's maintenance thread, the embedding worker process (embedding ahead;
+    its start included) and the process's other threads (the worker's pipes,
+    the file watch, scan helpers).
+    """
     overrides: dict[str, Any] = {
         "embedder.class": name,
         "source.path": str(jsonl),
@@ -133,9 +154,22 @@ def time_pipeline(
     load = getattr(service.embedder, "load", None)
     if callable(load):
         load()
+    threads0, own0 = thread_cpu_seconds(), time.thread_time()
     started = time.perf_counter()
     service.pipeline.run_until_caught_up()
     elapsed = time.perf_counter() - started
+    if cpu is not None:
+        own = time.thread_time() - own0
+        threads = thread_cpu_seconds()
+        ahead = service.pipeline.embedding.ahead
+        maint = threads.get(MAINTENANCE_THREAD, 0.0) - threads0.get(MAINTENANCE_THREAD, 0.0)
+        everything = sum(threads.values()) - sum(threads0.values())
+        cpu.update(
+            pipeline_thread=own,
+            maintenance=maint,
+            embedding_worker=_proc_cpu_s(ahead.pid if ahead is not None else None),
+            other_threads=max(0.0, everything - own - maint),
+        )
     service.pipeline.close()
     return elapsed, service
 
@@ -250,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     baseline = proc_status_kib()
     raw_s: list[float] = []
     pipe_s: list[float] = []
+    cpus: list[dict[str, float]] = []
     counts: dict[str, Any] = {}
     search: dict[str, float] | None = None
     against: dict[str, Any] | None = None
@@ -258,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.repeats):
             raw_s.append(time_embedder(a.embedder, a.dim, texts, a.batch))
             gc.collect()
+            cpus.append({})
             elapsed, service = time_pipeline(
                 *(a.embedder, a.dim, a.jsonl, a.batch, Path(tmp) / f"state{r}", a.index_kind),
                 extra,
+                cpus[-1],
             )
             pipe_s.append(elapsed)
             body = service.status()
@@ -316,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
         "final": counts,
         "search": search,
         "search_against": against,
+        # Where the CPU went in each repeat, by role (seconds; time_pipeline), and in the
+        # fastest repeat per change: what the two cores spent beside the embedder's work.
+        "cpu_by_role_s": cpus,
+        "cpu_per_change_us": {
+            role: seconds / lines * 1e6 for role, seconds in cpus[pipe_s.index(min(pipe_s))].items()
+        },
         "rss_baseline_mib": baseline.get("VmRSS", 0) / 1024,
         "peak_rss_mib": peak.get("VmHWM", 0) / 1024,
     }

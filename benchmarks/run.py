@@ -484,6 +484,15 @@ def _fmt(v: float | None) -> str:
     return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
 
 
+_CPU_ROLES = (
+    ("pipeline_thread", "the pipeline's thread (read, commit)"),
+    ("embedding_worker", "the embedding worker process"),
+    ("maintenance", "index maintenance"),
+    ("other_threads", "other threads"),
+)
+"""Where the cores went during the pipeline's replay (``benchmarks/ingest.py``)."""
+
+
 def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
     """The table, from the results."""
     rows: list[Row] = []
@@ -502,6 +511,10 @@ def build_rows(res: dict[str, Any], p: Params) -> list[Row]:
             Row(sec, "same, median of paired repeats", r["ratio_paired_median"], "×"),
             Row(sec, "peak RSS of the ingest process", r["peak_rss_mib"], "MiB"),
         ]
+        per_change = r.get("cpu_per_change_us", {})  # the fastest repeat's
+        for role, label in _CPU_ROLES:
+            if role in per_change:
+                rows.append(Row(sec, f"CPU per change: {label}", per_change[role], "µs"))
         se = r.get("search")
         if se:
             sec = (
