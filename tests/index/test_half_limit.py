@@ -22,6 +22,7 @@ from streamrag.index.factory import lsm_spec
 from streamrag.index.half_limit import (
     QUIET_S,
     MeasurementCancelled,
+    MeasurementPostponed,
     Quiet,
     measure_half_limit,
 )
@@ -226,11 +227,19 @@ def test_no_copy_is_made_where_none_would_be_searched_through(
 
 
 class _Script:
-    """A scripted process: ``busy`` answers from a list, ``pause`` advances a clock."""
+    """A scripted process: ``busy`` answers from a list, ``pause`` advances a clock.
 
-    def __init__(self, busy: list[bool], closing_after: int | None = None) -> None:
+    ``others_cpu`` advances by ``others_share`` of each pause: the CPU the
+    process's other threads use meanwhile.
+    """
+
+    def __init__(
+        self, busy: list[bool], closing_after: int | None = None, others_share: float = 0.0
+    ) -> None:
         self.answers = list(busy)
         self.now = 0.0
+        self.cpu = 0.0
+        self.others_share = others_share
         self.pauses: list[float] = []
         self.closing_after = closing_after
 
@@ -240,40 +249,58 @@ class _Script:
     def pause(self, seconds: float) -> None:
         self.pauses.append(seconds)
         self.now += seconds
+        self.cpu += self.others_share * seconds
 
     def closing(self) -> bool:
         return self.closing_after is not None and len(self.pauses) >= self.closing_after
 
     def quiet(self, budget_s: float = 5.0) -> Quiet:
-        return Quiet(self.busy, self.pause, self.closing, clock=lambda: self.now, budget_s=budget_s)
+        return Quiet(
+            self.busy,
+            self.pause,
+            self.closing,
+            clock=lambda: self.now,
+            budget_s=budget_s,
+            others_cpu=lambda: self.cpu,
+        )
 
 
-def test_a_quiet_process_is_timed_at_once() -> None:
+def test_a_quiet_process_is_timed_back_to_back_after_one_quiet_spell() -> None:
     script = _Script([False, False, False])
     quiet = script.quiet()
     for _ in range(3):
         quiet.wait()
-    assert script.pauses == []
+    assert script.pauses == [QUIET_S]  # the first spell only: nothing came since
 
 
 def test_after_a_query_or_commit_a_timing_waits_for_a_quiet_spell() -> None:
-    # something came; then: busy, busy, quiet -> three pauses of QUIET_S
-    script = _Script([True, True, True, False])
+    # a quiet spell; then something came; then: busy, busy, quiet -> three more pauses
+    script = _Script([False, True, True, True, False])
     quiet = script.quiet()
     quiet.wait()
-    assert script.pauses == [QUIET_S] * 3
-    assert quiet.waited_s == pytest.approx(3 * QUIET_S)
+    quiet.wait()
+    assert script.pauses == [QUIET_S] * 4
+    assert quiet.waited_s == pytest.approx(4 * QUIET_S)
 
 
-def test_a_process_never_quiet_is_measured_once_the_budget_is_spent() -> None:
+def test_a_spell_the_other_threads_were_busy_in_is_not_quiet() -> None:
+    """A bulk load reads and chunks between its commits: no commit came, yet not quiet."""
+    busy = _Script([], others_share=0.5)  # another thread on half a core, nothing else
+    with pytest.raises(MeasurementPostponed):
+        busy.quiet(budget_s=0.1).wait()
+    assert sum(busy.pauses) == pytest.approx(0.1)  # every spell judged, none quiet
+    idle = _Script([], others_share=half_limit.OTHERS_SHARE / 2)  # an event loop's ticks
+    idle.quiet(budget_s=0.1).wait()
+    assert idle.pauses == [QUIET_S]
+
+
+def test_a_process_never_quiet_postpones_the_measurement_once_the_budget_is_spent() -> None:
     script = _Script([True] * 1000)
     quiet = script.quiet(budget_s=0.1)
-    quiet.wait()  # returns although never quiet
+    with pytest.raises(MeasurementPostponed):  # not timed under its load
+        quiet.wait()
     assert quiet.waited_s == pytest.approx(0.1)
     assert sum(script.pauses) == pytest.approx(0.1)  # the last pause is cut to the budget
-    quiet.wait()
-    assert len(script.pauses) == 5  # spent: no more waiting
-    assert not quiet.overlapped()  # and no timing taken again
 
 
 def test_a_closing_index_cancels_the_measurement() -> None:
@@ -283,17 +310,20 @@ def test_a_closing_index_cancels_the_measurement() -> None:
 
 
 def test_a_closing_index_cancels_a_quiet_measurement_at_its_next_timing() -> None:
-    script = _Script([], closing_after=0)  # closing from the start; nothing ever comes
+    script = _Script([])  # nothing ever comes
+    quiet = script.quiet()
+    quiet.wait()
+    script.closing_after = 0  # closing from now on
     with pytest.raises(MeasurementCancelled):
-        script.quiet().wait()
-    assert script.pauses == []  # without waiting for anything
+        quiet.wait()
+    assert script.pauses == [QUIET_S]  # without waiting for anything more
 
 
 def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each timing: wait (asks busy once: nothing came), run, then "overlapped?" asks
-    # busy once. The first timing (through the copies) is overlapped, no other one is;
-    # the timing taken again first waits for a quiet spell (one pause).
-    script = _Script([False, True, True, False] + [False] * 1000)
+    # The first timing waits for a quiet spell (asks busy once: nothing came), runs,
+    # then "overlapped?" asks busy: a query came. The timing taken again first waits
+    # for a quiet spell (a second pause); no other one is overlapped.
+    script = _Script([False, True, False] + [False] * 1000)
     now = [0.0]
     # The module's clock only: other threads keep the real one.
     monkeypatch.setattr(half_limit, "time", SimpleNamespace(perf_counter=lambda: now[0]))
@@ -314,16 +344,18 @@ def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPa
     best = half_limit._best_of(copies, float32, quiet)
     assert best == (1.0, 2.0)  # the overlapped 0.5 s was taken again
     assert quiet.retaken == 1
-    assert script.pauses == [QUIET_S]  # after a quiet spell
+    assert script.pauses == [QUIET_S, QUIET_S]
     assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
 
 
-def test_retakes_are_bounded() -> None:
+def test_retakes_are_bounded_then_the_measurement_is_postponed() -> None:
     script = _Script([])
     script.busy = lambda: True  # type: ignore[method-assign]  # always overlapped
     quiet = script.quiet(budget_s=1e9)
-    taken = sum(quiet.overlapped() for _ in range(10_000))
-    assert taken == half_limit._RETAKES
+    for _ in range(half_limit._RETAKES):
+        assert quiet.overlapped()
+    with pytest.raises(MeasurementPostponed):  # not timed over what never stops
+        quiet.overlapped()
 
 
 def _background_index() -> LsmIndex:
@@ -387,27 +419,40 @@ def test_closing_while_the_measurement_waits_leaves_it_to_the_next_open(
     assert index.last_maintenance_error is None
 
 
-def test_a_measurement_under_queries_that_never_stop_waits_its_budget_then_times(
+class _Attempts:
+    """The real measurement, its attempts counted; events say when enough happened."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(half_limit, "WAIT_BUDGET_S", 0.2)
+        self.postponed = 0
+        self.done = 0
+        self.postponed_twice = threading.Event()
+        self.finished = threading.Event()
+        real = half_limit._measure
+
+        def counted(
+            dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
+        ) -> tuple[int, dict[int, float]]:
+            assert quiet is not None
+            try:
+                out = real(dim, segment_rows, tuning, quiet)
+            except MeasurementPostponed:
+                self.postponed += 1
+                if self.postponed >= 2:
+                    self.postponed_twice.set()
+                raise
+            self.done += 1
+            self.finished.set()
+            return out
+
+        monkeypatch.setattr(half_limit, "_measure", counted)
+
+
+def test_queries_that_never_stop_postpone_the_measurement_and_are_answered_exactly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Real queries on another thread all along, a real measurement: bounded, and correct."""
-    monkeypatch.setattr(half_limit, "WAIT_BUDGET_S", 0.3)
-    real = half_limit._measure
-    seen: list[Quiet] = []
-    querying, done = threading.Event(), threading.Event()
-
-    def after_queries_start(
-        dim: int, segment_rows: int, tuning: SearchTuning, quiet: Quiet | None
-    ) -> tuple[int, dict[int, float]]:
-        assert quiet is not None
-        assert querying.wait(30)
-        seen.append(quiet)
-        try:
-            return real(dim, segment_rows, tuning, quiet)
-        finally:
-            done.set()
-
-    monkeypatch.setattr(half_limit, "_measure", after_queries_start)
+    """Real queries on another thread, a real measurement: not timed over them; then timed."""
+    attempts = _Attempts(monkeypatch)
     index = _background_index()
     rng = np.random.default_rng(7)
     rows = rng.standard_normal((1000, DIM)).astype(np.float32)
@@ -424,18 +469,88 @@ def test_a_measurement_under_queries_that_never_stop_waits_its_budget_then_times
             expected = list(range(i % 1000, i % 1000 + len(batch)))
             wrong[0] += [h[0].chunk_id for h in hits] != expected
             answers[0] += 1
-            querying.set()
             i += 1
 
+    # Only while the queries run: a measurement done before they start proves nothing.
+    monkeypatch.setattr(half_limit, "_measured", {DIM})
     t = threading.Thread(target=query)
     t.start()
     try:
-        assert done.wait(60), "the measurement did not end under load"
+        monkeypatch.setattr(half_limit, "_measured", set())
+        index._maintenance.wake()  # a step with nothing else to do: an attempt
+        assert attempts.postponed_twice.wait(60), "no attempt was postponed"
+        assert attempts.done == 0  # never timed over the queries
+        assert half_limit.measured_half_limit(DIM) is None
     finally:
         stop.set()
         t.join()
+    try:
+        index._maintenance.wake()
+        assert attempts.finished.wait(60), "not measured once quiet"
+    finally:
         index.close()
-    assert seen[0].waited_s >= 0.29  # no quiet spell ever came: it waited its budget
-    assert half_limit.measured_half_limit(DIM) is not None  # then timed, and done
+    assert attempts.done == 1
+    assert half_limit.measured_half_limit(DIM) is not None  # once quiet: measured, once
     assert answers[0] > 0
-    assert wrong[0] == 0  # every query answered exactly while it measured
+    assert wrong[0] == 0  # every query answered exactly while it tried
+
+
+def test_a_bulk_load_postpones_the_measurement_to_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer that commits every few ms and computes in between, as a pipeline does.
+
+    The gaps between its commits have no query and no commit, but they are not
+    quiet: the writer's thread is busy.
+    """
+    attempts = _Attempts(monkeypatch)
+    monkeypatch.setattr(half_limit, "_measured", {DIM})  # not before the load starts
+    index = _background_index()
+    rng = np.random.default_rng(8)
+    stop, started = threading.Event(), threading.Event()
+    committed = [0]
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            rows = rng.standard_normal((50, DIM)).astype(np.float32)
+            rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+            batch_ids = np.arange(n, n + 50, dtype=np.int64)
+            index.commit(
+                CommitBatch(
+                    docs=[
+                        DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", "", k, 1)
+                        for k, i in enumerate(batch_ids.tolist())
+                    ],
+                    chunk_ids=batch_ids,
+                    positions=np.zeros(50, np.int32),
+                    texts=["x"] * 50,
+                    hashes=[b"h"] * 50,
+                    vectors=rows,
+                    embedder_version="test",
+                )
+            )
+            n += 50
+            committed[0] = n
+            started.set()
+            spin = sum(range(2_000_000))  # reading and chunking the next batch: ~30-60 ms
+            assert spin > 0
+
+    t = threading.Thread(target=write)
+    t.start()
+    try:
+        assert started.wait(30)
+        monkeypatch.setattr(half_limit, "_measured", set())
+        assert attempts.postponed_twice.wait(60), "no attempt was postponed"
+        assert attempts.done == 0  # never timed over the load
+    finally:
+        stop.set()
+        t.join()
+    try:
+        index._maintenance.wake()
+        assert attempts.finished.wait(60), "not measured once quiet"
+    finally:
+        index.close()
+    assert attempts.done == 1
+    assert half_limit.measured_half_limit(DIM) is not None
+    assert committed[0] > 0

@@ -3,15 +3,16 @@
 Nothing slow happens on the commit path. A full growing segment is only
 sealed; the maintenance thread (``background=True``) then builds its ANN
 structure (:mod:`.ann`) or, for a segment too small for one, its
-half-precision copy (:mod:`.half`), re-checks the recall of every structure on a sample of
-recent real queries (widening or dropping one that misses the target), merges
-segments its policy picks with their neighbours in event time
-(:mod:`.compaction`), and checkpoints when one is due. It takes the writer lock
-only to publish its result, and runs at a lower CPU priority than the process.
-The thread's first step, as the process starts and is quiet, measures how
-many queries a call the half-precision copies are worth on this CPU
-(:mod:`.half_limit`). Without the thread, :meth:`LsmMaintenance.maintain` does
-one round of it all (tests call it, deterministically). The thread itself is a
+half-precision copy (:mod:`.half`), re-checks the recall of every structure on
+a sample of recent real queries (widening or dropping one that misses the
+target), merges segments its policy picks with their neighbours in event time
+(:mod:`.compaction`), and checkpoints when one is due. It takes the writer
+lock only to publish its result, and runs at a lower CPU priority than the
+process. A step with nothing else to do, while the process is quiet (as it
+starts, or after a bulk load), measures how many queries a call the
+half-precision copies are worth on this CPU (:mod:`.half_limit`). Without the
+thread, :meth:`LsmMaintenance.maintain` does one round of it all (tests call
+it, deterministically). The thread itself is a
 :class:`~.maintenance_thread.MaintenanceThread`.
 
 A compaction that a rollback overtook is void: the rollback bumps the
@@ -30,11 +31,13 @@ from streamrag.index.compaction import droppable, plan
 from streamrag.index.half import HalfScan
 from streamrag.index.half_limit import (
     MeasurementCancelled,
+    MeasurementPostponed,
     Quiet,
     measure_half_limit,
     measured_half_limit,
 )
 from streamrag.index.lsm_persistence import LsmPersistence
+from streamrag.index.search import half_query_limit
 from streamrag.index.segment import Rows, Segment
 
 __all__ = ["LsmMaintenance"]
@@ -55,13 +58,12 @@ class LsmMaintenance(LsmPersistence):
     def maintain(self) -> bool:
         """Build missing ANN structures, compact, checkpoint when due; True if it did work.
 
-        On the maintenance thread, the first step measures the half-precision
-        limit if it is to be measured (:meth:`_half_limit`), outside the
-        maintenance lock: it reads no index state, and a rollback or checkpoint
-        asked for meanwhile need not wait for it.
+        On the maintenance thread, a step that did nothing else measures the
+        half-precision limit if it is to be measured and the process is quiet
+        (:meth:`_measure_half_limit`), after the maintenance lock is let go:
+        it reads no index state, and a rollback or checkpoint asked for
+        meanwhile need not wait for it.
         """
-        if self._maintenance.running and self._half_limit() is None:
-            return False  # closing
         did = False
         with self._maint:
             while self._build_one_ann():
@@ -75,6 +77,8 @@ class LsmMaintenance(LsmPersistence):
             ):
                 self.checkpoint()
                 did = True
+        if not did and self._maintenance.running:
+            self._measure_half_limit()
         return did
 
     def _in_use(self) -> Callable[[], bool]:
@@ -211,13 +215,12 @@ class LsmMaintenance(LsmPersistence):
         """The queries a call worth the half-precision copies; None if closing meanwhile.
 
         ``index.half_max_queries``, or measured once per process
-        (:mod:`.half_limit`). The maintenance thread measures it in its first
-        step, when the process has just started and is quiet — not when the
-        first copy is due, which is when a bulk load ends and the first
-        queries come —, timing in the gaps between queries and commits.
-        Without the thread (:meth:`maintain` called in the foreground) it is
-        measured before the first copy, at once: the caller does nothing else
-        meanwhile.
+        (:mod:`.half_limit`). With the maintenance thread,
+        :meth:`_measure_half_limit` measures it in a step with nothing else to do
+        while the process is quiet, and until then this is the default
+        (:data:`~.search.DEFAULT_HALF_QUERIES`). Without the thread
+        (:meth:`maintain` called in the foreground) it is measured before the
+        first copy, at once: the caller does nothing else meanwhile.
         """
         tuning = self._spec.tuning
         if tuning.half_max_queries is not None:
@@ -225,12 +228,36 @@ class LsmMaintenance(LsmPersistence):
         measured = measured_half_limit(self._dim)  # every step asks: no lock, no objects
         if measured is not None:
             return measured
-        thread = self._maintenance
-        quiet = Quiet(self._in_use(), thread.pause, self._closing) if thread.running else None
+        if self._maintenance.running:
+            return half_query_limit(self._dim)  # the default, until measured
         try:
-            return measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet)
-        except MeasurementCancelled:  # closing: the next open measures
+            return measure_half_limit(self._dim, self._spec.seal_rows, tuning)
+        except MeasurementCancelled:
             return None
+
+    def _measure_half_limit(self) -> None:
+        """On the maintenance thread, with nothing else to do: measure the limit if it is due.
+
+        It waits for a quiet spell — no query, no commit, the process's other
+        threads nearly idle (:class:`~.half_limit.Quiet`) — and times in the
+        gaps; an attempt that finds none within its budget is postponed to a
+        later step, so a bulk load is never timed over, and the steps between
+        attempts do the other maintenance. Measured at none (the copies never
+        win here), the copies made meanwhile under the default are let go.
+        Outside the maintenance lock: it reads no index state.
+        """
+        tuning = self._spec.tuning
+        if tuning.half_max_queries is not None or measured_half_limit(self._dim) is not None:
+            return
+        quiet = Quiet(self._in_use(), self._maintenance.pause, self._closing)
+        try:
+            limit = measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet)
+        except (MeasurementCancelled, MeasurementPostponed):
+            return  # closing (the next open measures), or not quiet: a later step tries
+        if limit == 0:
+            with self._lock:
+                for seg in self._segments.values():
+                    seg.half = None
 
     def _attach_ann(self, seg: Segment, ann: Ann) -> None:
         with self._lock:
