@@ -54,8 +54,8 @@ class IndexSettings(Frozen):
         ge=0,
         description="Calls of up to this many queries scan through the half-precision copies, "
         "larger ones in one float32 matrix product; 0 = measured on this CPU once per process, "
-        "as it starts (0-1 on a 2-core Intel Xeon measured under a bulk load, 6-8 on a 2-core "
-        "AMD EPYC; 6 was the fixed limit before; streamrag.index.half_limit).",
+        "when it is quiet (as it starts, or once a bulk load is done; 6 until then) "
+        "(3-6 on 2-core AMD EPYC hosts; streamrag.index.half_limit).",
     )
     scan_threads: int = Field(
         0,
