@@ -25,7 +25,9 @@ from streamrag.index.half_limit import (
     MeasurementPostponed,
     Quiet,
     measure_half_limit,
+    others_cpu_s,
 )
+from streamrag.index.scan_helpers import ScanHelpers
 from streamrag.index.search import (
     DEFAULT_HALF_QUERIES,
     SearchTuning,
@@ -33,6 +35,8 @@ from streamrag.index.search import (
     half_query_limit,
     set_half_query_limit,
 )
+from streamrag.testing import ScriptedSource, change_line
+from tests.conftest import PipelineFactory
 
 DIM = 32
 
@@ -348,6 +352,46 @@ def test_a_timing_a_query_overlapped_is_taken_again(monkeypatch: pytest.MonkeyPa
     assert runs == {"copies": half_limit._TRIES + 1, "float32": half_limit._TRIES}
 
 
+def test_a_timing_the_other_threads_ran_in_is_taken_again() -> None:
+    """A load that reads and chunks before its first commit: no commit came, but not quiet."""
+    script = _Script([])
+    quiet = script.quiet()
+    quiet.wait()  # one quiet spell
+    script.now += 0.01  # a 10 ms timing ...
+    script.cpu += 0.008  # ... while another thread used 8 ms
+    assert quiet.overlapped()
+    quiet.wait()  # the next timing waits for a quiet spell first
+    assert script.pauses == [QUIET_S, QUIET_S]
+    script.now += 0.01
+    script.cpu += 0.001  # an event loop's tick
+    assert not quiet.overlapped()
+
+
+def test_a_real_thread_that_computes_overlaps_a_timing() -> None:
+    """The process's CPU clocks, unscripted: another thread's work shows, the helpers' not."""
+    helpers = ScanHelpers(1)
+    quiet = Quiet(lambda: False, threading.Event().wait, others_cpu=lambda: others_cpu_s(helpers))
+    quiet.wait()
+    assert not quiet.overlapped()  # nothing else ran
+    worker = threading.Thread(target=lambda: sum(range(3_000_000)))
+    worker.start()
+    worker.join()  # "the timing": while another thread computed
+    assert quiet.overlapped()
+    quiet.wait()
+    used = helpers.cpu_s()
+    done = [0, 0]
+
+    def task(i: int) -> None:
+        done[i] = sum(range(1_000_000))
+
+    for _ in range(20):  # until the helper took one of the two tasks
+        helpers.run([partial(task, 0), partial(task, 1)])
+        if helpers.cpu_s() > used:
+            break
+    assert helpers.cpu_s() > used, "the helper never ran a task"
+    assert not quiet.overlapped()  # the measurement's own helpers are not a load
+
+
 def test_retakes_are_bounded_then_the_measurement_is_postponed() -> None:
     script = _Script([])
     script.busy = lambda: True  # type: ignore[method-assign]  # always overlapped
@@ -554,3 +598,27 @@ def test_a_bulk_load_postpones_the_measurement_to_its_end(
     assert attempts.done == 1
     assert half_limit.measured_half_limit(DIM) is not None
     assert committed[0] > 0
+
+
+def test_a_read_of_the_input_makes_the_process_busy_for_the_measurement_only() -> None:
+    """A bulk load reads before its first commit; ANN builds keep their own rule."""
+    index = LsmIndex(DIM, _spec(), background=False)
+    for_measurement, for_builds = index._in_use(reading=True), index._in_use()
+    assert not for_measurement()
+    half_limit.note_read()
+    assert for_measurement()
+    assert not for_measurement()  # until the next read
+    assert not for_builds()
+
+
+def test_the_pipeline_notes_each_poll_that_read_something(
+    pipeline_factory: PipelineFactory,
+) -> None:
+    src = ScriptedSource()
+    p = pipeline_factory(src)
+    before = half_limit.reads()
+    assert p.poll() == 0
+    assert half_limit.reads() == before  # nothing read: quiet as far as reads go
+    src.push(change_line("a", "2024-01-01T00:00:00Z", "text"))
+    assert p.poll() == 1
+    assert half_limit.reads() == before + 1

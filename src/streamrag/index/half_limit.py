@@ -76,6 +76,7 @@ import numpy as np
 import numpy.typing as npt
 
 from streamrag.index.half import HalfScan
+from streamrag.index.scan_helpers import ScanHelpers
 from streamrag.index.search import (
     SearchTuning,
     View,
@@ -93,6 +94,9 @@ __all__ = [
     "Quiet",
     "measure_half_limit",
     "measured_half_limit",
+    "note_read",
+    "others_cpu_s",
+    "reads",
 ]
 
 log = logging.getLogger("streamrag.index")
@@ -138,6 +142,23 @@ _measured: set[int] = set()
 _measuring = threading.Lock()
 
 
+_READS = [0]
+
+
+def note_read() -> None:
+    """Say that the process read input (a pipeline's poll found changes): it is not quiet.
+
+    A bulk load reads, decodes and chunks for a while before its first commit;
+    a measurement that saw only queries and commits would time over it.
+    """
+    _READS[0] += 1
+
+
+def reads() -> int:
+    """How many times :func:`note_read` was called (only its changes mean anything)."""
+    return _READS[0]
+
+
 class MeasurementCancelled(Exception):
     """The index closed while the measurement waited: nothing was measured."""
 
@@ -146,15 +167,20 @@ class MeasurementPostponed(Exception):
     """No quiet spell came within the attempt's budget: nothing was measured, try later."""
 
 
-def _others_cpu_s() -> float:
-    """CPU seconds the process's threads other than this one have used so far."""
-    return time.process_time() - time.thread_time()
+def others_cpu_s(helpers: ScanHelpers | None = None) -> float:
+    """CPU seconds the process's threads have used so far, but this one and ``helpers``.
+
+    ``helpers``: the scan helpers a measurement's searches borrow (their work is
+    the measurement's own).
+    """
+    own = time.thread_time() + (helpers.cpu_s() if helpers is not None else 0.0)
+    return time.process_time() - own
 
 
 class Quiet:
     """Puts a measurement's timings where the process does nothing else.
 
-    ``busy()`` says whether a query or a commit came since it was last asked
+    ``busy()`` says whether a query, a commit or a read came since it was last asked
     (:meth:`~.lsm_maintenance.LsmMaintenance._in_use`); ``pause(seconds)``
     sleeps that long, or less (woken by a commit, or by closing);
     ``closing()`` says whether the index is closing; ``clock`` is monotonic
@@ -168,6 +194,7 @@ class Quiet:
         "_busy",
         "_clock",
         "_closing",
+        "_mark",
         "_others_cpu",
         "_pause",
         "_timing",
@@ -182,12 +209,13 @@ class Quiet:
         closing: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
         budget_s: float | None = None,
-        others_cpu: Callable[[], float] = _others_cpu_s,
+        others_cpu: Callable[[], float] = others_cpu_s,
     ) -> None:
         self._busy, self._pause, self._closing, self._clock = busy, pause, closing, clock
         self._others_cpu = others_cpu
         self._budget = WAIT_BUDGET_S if budget_s is None else budget_s
         self._timing = False  # a quiet spell was found and nothing came since
+        self._mark = (0.0, 0.0)  # (clock, others_cpu) when wait() last returned
         self.waited_s = 0.0
         """Seconds spent waiting for quiet spells so far."""
         self.retaken = 0
@@ -207,6 +235,7 @@ class Quiet:
         if self._closing():
             raise MeasurementCancelled
         if self._timing and not self._busy():
+            self._mark = (self._clock(), self._others_cpu())
             return
         self._timing = False
         while self.waited_s < self._budget:
@@ -216,18 +245,25 @@ class Quiet:
             self.waited_s += took
             if self._closing():
                 raise MeasurementCancelled
-            used = self._others_cpu() - cpu
-            if not self._busy() and took >= QUIET_S and used <= OTHERS_SHARE * took:
+            now_cpu = self._others_cpu()
+            if not self._busy() and took >= QUIET_S and now_cpu - cpu <= OTHERS_SHARE * took:
                 self._timing = True
+                self._mark = (self._clock(), now_cpu)
                 return
         raise MeasurementPostponed
 
     def overlapped(self) -> bool:
-        """Whether a query or commit came since :meth:`wait` returned (then time again).
+        """Whether something else ran since :meth:`wait` returned (then time again).
 
-        Raises :class:`MeasurementPostponed` once :data:`_RETAKES` timings were taken again.
+        A query or a commit came, or the process's other threads used more than
+        :data:`OTHERS_SHARE` of a core meanwhile (a load that reads before its
+        first commit). Raises :class:`MeasurementPostponed` once
+        :data:`_RETAKES` timings were taken again.
         """
-        if not self._busy():
+        since, cpu = self._mark
+        took = self._clock() - since
+        came = self._busy()
+        if not came and self._others_cpu() - cpu <= OTHERS_SHARE * took:
             return False
         self._timing = False
         self.retaken += 1

@@ -35,6 +35,8 @@ from streamrag.index.half_limit import (
     Quiet,
     measure_half_limit,
     measured_half_limit,
+    others_cpu_s,
+    reads,
 )
 from streamrag.index.lsm_persistence import LsmPersistence
 from streamrag.index.search import half_query_limit
@@ -81,17 +83,23 @@ class LsmMaintenance(LsmPersistence):
             self._measure_half_limit()
         return did
 
-    def _in_use(self) -> Callable[[], bool]:
+    def _in_use(self, *, reading: bool = False) -> Callable[[], bool]:
         """For a build: whether a query or a commit came since it last asked.
 
         The first answer is about the time since this was called. A graph is
         built on the idle cores only while neither comes (:func:`.ann.build_threads`).
+        With ``reading``, a read of the process's input counts too
+        (:func:`.half_limit.note_read`).
         """
-        last = (self._queries_seen, self._manifest.epoch)
+
+        def state() -> tuple[int, int, int]:
+            return (self._queries_seen, self._manifest.epoch, reads() if reading else 0)
+
+        last = state()
 
         def busy() -> bool:
             nonlocal last
-            now = (self._queries_seen, self._manifest.epoch)
+            now = state()
             moved, last = now != last, now
             return moved
 
@@ -249,7 +257,13 @@ class LsmMaintenance(LsmPersistence):
         tuning = self._spec.tuning
         if tuning.half_max_queries is not None or measured_half_limit(self._dim) is not None:
             return
-        quiet = Quiet(self._in_use(), self._maintenance.pause, self._closing)
+        helpers = tuning.helpers()  # the searches' own helpers: their work is not a load
+        quiet = Quiet(
+            self._in_use(reading=True),
+            self._maintenance.pause,
+            self._closing,
+            others_cpu=lambda: others_cpu_s(helpers),
+        )
         try:
             limit = measure_half_limit(self._dim, self._spec.seal_rows, tuning, quiet)
         except (MeasurementCancelled, MeasurementPostponed):

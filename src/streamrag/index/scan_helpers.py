@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from streamrag.cpus import process_cpus
@@ -53,6 +54,23 @@ class ScanHelpers:
                 self.helpers, thread_name_prefix="streamrag-scan"
             )
         self.borrowed = 0  # helpers lent to searches since start (tests)
+
+    def cpu_s(self) -> float:
+        """CPU seconds the helper threads have used so far (0 where a thread's clock is unknown).
+
+        Each thread's own CPU clock (``pthread_getcpuclockid``), so that a
+        caller can tell its helpers' work from the rest of the process's.
+        """
+        pool = self._pool
+        if pool is None:
+            return 0.0
+        total = 0.0
+        for thread in list(getattr(pool, "_threads", ())):
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (AttributeError, OSError, TypeError):  # not started, ended, or not Unix
+                continue
+        return total
 
     def _take(self, want: int) -> int:
         """Up to ``want`` idle helpers, marked busy, for a caller counted in ``_callers``.

@@ -25,6 +25,7 @@ from typing import Protocol
 from streamrag.batching import MicroBatcher
 from streamrag.changes import ChangeBatch
 from streamrag.eventtime import EventTimeStage, StageOutput, WindowResult
+from streamrag.index.half_limit import note_read
 from streamrag.ingest import DeadLetter
 from streamrag.runtime.accounting import Ledger
 from streamrag.runtime.cursor import CursorKeeper
@@ -128,6 +129,7 @@ class Intake:
         if not raws:
             self.drained, self._idle_poll_us = True, now
             return 0
+        note_read()  # a measurement of this CPU waits: the process is at work
         read = sum(len(r) for r in raws)
         marks = [(r.source, r.watermark) for r in raws if r.watermark is not None]
         if self.keeper.rewind.active:
