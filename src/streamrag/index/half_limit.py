@@ -35,10 +35,12 @@ if its index never grows to a copy. ``index.half_max_queries`` sets the
 limit instead.
 
 It times the search where the process does nothing else (:class:`Quiet`): it
-waits for a spell of :data:`QUIET_S` with no query, no commit and the
-process's other threads below :data:`OTHERS_SHARE` of a core, then times back
-to back until a query or commit comes; a timing one overlapped is taken again
-after the next quiet spell. An attempt that finds no quiet spell within
+waits for a spell of :data:`QUIET_S` with no query, no commit, no read of the
+input (:func:`note_read`) and the process's other threads below
+:data:`OTHERS_SHARE` of a core, then times back to back until one of those
+comes; a timing that one overlapped — or in which the other threads, its own
+scan helpers aside, used more than that share — is taken again after the
+next quiet spell. An attempt that finds no quiet spell within
 :data:`WAIT_BUDGET_S` is postponed (:class:`MeasurementPostponed`), and the
 copies use :data:`~.search.DEFAULT_HALF_QUERIES` until the measurement is
 done. The index's maintenance thread makes an attempt in each step with
@@ -224,9 +226,9 @@ class Quiet:
     def wait(self) -> None:
         """Return once the process is quiet: at once while nothing came since the last timing.
 
-        The first call, and every call after a query or commit came, waits for a
-        spell of :data:`QUIET_S` with no query, no commit and the process's other
-        threads below :data:`OTHERS_SHARE` of a core. So a quiet process is timed
+        The first call, and every call after something came (``busy()``), waits
+        for a spell of :data:`QUIET_S` in which nothing came and the process's
+        other threads used less than :data:`OTHERS_SHARE` of a core. So a quiet process is timed
         back to back, as in one burst, and one that answers queries between
         them. Raises :class:`MeasurementCancelled` once the index is closing, and
         :class:`MeasurementPostponed` when the budget is spent without a quiet
