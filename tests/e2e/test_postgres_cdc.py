@@ -118,8 +118,13 @@ def _workload(cluster: Cluster, db: str, stop: threading.Event, seed: int) -> in
 
 
 def _wal_bytes(tmp: Path) -> int:
-    index = tmp / "state" / "index"
-    return sum(p.stat().st_size for p in index.glob("wal-*.log")) if index.exists() else 0
+    total = 0
+    for path in (tmp / "state" / "index").glob("wal-*.log"):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # a checkpoint removed it since the listing
+            continue
+    return total
 
 
 def _snapshot_unfinished(tmp: Path) -> bool:
@@ -180,6 +185,7 @@ def _run(cluster: Cluster, db: str, tmp: Path) -> None:
     worker.start()
     kills = dropped = mid_snapshot = 0
     started = time.monotonic()
+    proc: subprocess.Popen[bytes] | None = None
     try:
         while time.monotonic() - started < WORKLOAD_S or kills < 5:
             proc = _start(cfg, log)
@@ -203,6 +209,9 @@ def _run(cluster: Cluster, db: str, tmp: Path) -> None:
             if kills == 1:
                 mid_snapshot = _snapshot_unfinished(tmp)
     finally:
+        if proc is not None and proc.poll() is None:  # a check failed: end its job too
+            proc.kill()
+            proc.wait(30)
         stop.set()
         worker.join(30)
     assert kills >= 5
