@@ -121,15 +121,17 @@ def test_a_real_measurement_times_the_search_both_ways(monkeypatch: pytest.Monke
     assert limit == (won[-1] if won else 0)
 
 
-def _commit(index: LsmIndex, rows: np.ndarray) -> None:
+def _commit(index: LsmIndex, rows: np.ndarray, first: int = 0) -> None:
+    """One commit of a document per row, ``d<first>`` on (each its chunk id)."""
     n = rows.shape[0]
+    ids = np.arange(first, first + n, dtype=np.int64)
     index.commit(
         CommitBatch(
             docs=[
-                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", "", i, 1)
-                for i in range(n)
+                DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", "", k, 1)
+                for k, i in enumerate(ids.tolist())
             ],
-            chunk_ids=np.arange(n, dtype=np.int64),
+            chunk_ids=ids,
             positions=np.zeros(n, np.int32),
             texts=["x"] * n,
             hashes=[b"h"] * n,
@@ -492,6 +494,16 @@ class _Attempts:
         monkeypatch.setattr(half_limit, "_measure", counted)
 
 
+def _measured_once_quiet(index: LsmIndex, attempts: _Attempts) -> None:
+    """The load has stopped: the next attempt measures, once; then the index closes."""
+    try:
+        index._maintenance.wake()
+        assert attempts.finished.wait(60), "not measured once quiet"
+    finally:
+        index.close()
+    assert attempts.done == 1
+
+
 def test_queries_that_never_stop_postpone_the_measurement_and_are_answered_exactly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -528,12 +540,7 @@ def test_queries_that_never_stop_postpone_the_measurement_and_are_answered_exact
     finally:
         stop.set()
         t.join()
-    try:
-        index._maintenance.wake()
-        assert attempts.finished.wait(60), "not measured once quiet"
-    finally:
-        index.close()
-    assert attempts.done == 1
+    _measured_once_quiet(index, attempts)
     assert half_limit.measured_half_limit(DIM) is not None  # once quiet: measured, once
     assert answers[0] > 0
     assert wrong[0] == 0  # every query answered exactly while it tried
@@ -558,22 +565,7 @@ def test_a_bulk_load_postpones_the_measurement_to_its_end(
         n = 0
         while not stop.is_set():
             rows = rng.standard_normal((50, DIM)).astype(np.float32)
-            rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-            batch_ids = np.arange(n, n + 50, dtype=np.int64)
-            index.commit(
-                CommitBatch(
-                    docs=[
-                        DocOp("default", f"d{i}", Op.UPSERT, 1_000 + i, i, "src", "", k, 1)
-                        for k, i in enumerate(batch_ids.tolist())
-                    ],
-                    chunk_ids=batch_ids,
-                    positions=np.zeros(50, np.int32),
-                    texts=["x"] * 50,
-                    hashes=[b"h"] * 50,
-                    vectors=rows,
-                    embedder_version="test",
-                )
-            )
+            _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True), first=n)
             n += 50
             committed[0] = n
             started.set()
@@ -590,12 +582,7 @@ def test_a_bulk_load_postpones_the_measurement_to_its_end(
     finally:
         stop.set()
         t.join()
-    try:
-        index._maintenance.wake()
-        assert attempts.finished.wait(60), "not measured once quiet"
-    finally:
-        index.close()
-    assert attempts.done == 1
+    _measured_once_quiet(index, attempts)
     assert half_limit.measured_half_limit(DIM) is not None
     assert committed[0] > 0
 
