@@ -609,3 +609,29 @@ def test_the_pipeline_notes_each_poll_that_read_something(
     src.push(change_line("a", "2024-01-01T00:00:00Z", "text"))
     assert p.poll() == 1
     assert half_limit.reads() == before + 1
+
+
+def test_copies_made_before_a_measurement_of_none_are_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Copies are made under the default until measured; measured at none, they go."""
+    monkeypatch.setattr(half_limit, "_measured", {DIM})  # not measured yet, but hold off
+    monkeypatch.setattr(search, "_half_limits", {})  # the default holds: copies are made
+    index = _background_index()
+    try:
+        rng = np.random.default_rng(9)
+        rows = rng.standard_normal((1000, DIM)).astype(np.float32)
+        _commit(index, rows / np.linalg.norm(rows, axis=1, keepdims=True))
+        index.seal_all()
+        index.maintain()  # in this thread: builds the copies under the default
+        assert index.health().half_segments > 0, "no copies: this tests nothing"
+        monkeypatch.setattr(half_limit, "_measured", set())
+        monkeypatch.setattr(half_limit, "_measure", lambda *a: (0, {}))
+        index._measure_half_limit()  # what a step with nothing else to do runs
+        assert index.health().half_segments == 0
+        _, hits = index.search_many(
+            rows[:3] / np.linalg.norm(rows[:3], axis=1, keepdims=True), 1, SearchFilter()
+        )
+        assert [h[0].chunk_id for h in hits] == [0, 1, 2]
+    finally:
+        index.close()
